@@ -1,0 +1,32 @@
+"""lossscale: safe float16 loss scaling for MindSpore on CPU, GPU and Ascend.
+
+Layers (see docs/design.md):
+
+- :mod:`lossscale.policy`: the pure update rule (the specification);
+- :mod:`lossscale.update_cells`: graph-mode update cells;
+- :mod:`lossscale.managers`: MindSpore-style managers that produce update cells;
+- :mod:`lossscale.overflow`: overflow detection per backend;
+- :mod:`lossscale.train_cell`: the one-graph training step;
+- :mod:`lossscale.integration`: ``build_train_network`` and ``Model``.
+"""
+from lossscale.integration import Model, build_train_network
+from lossscale.managers import DynamicLossScaleManager, FixedLossScaleManager
+from lossscale.overflow import choose_overflow_check
+from lossscale.policy import LossScalePolicy, LossScaleState
+from lossscale.train_cell import TrainOneStepWithLossScaleCell
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DynamicLossScaleManager",
+    "DynamicLossScaleUpdateCell",
+    "FixedLossScaleManager",
+    "FixedLossScaleUpdateCell",
+    "LossScalePolicy",
+    "LossScaleState",
+    "Model",
+    "TrainOneStepWithLossScaleCell",
+    "build_train_network",
+    "choose_overflow_check",
+]

@@ -1,0 +1,42 @@
+"""Argument checks shared by every public constructor.
+
+Every error names the argument, the value received and the allowed range, so a
+user can fix the call without reading the source.
+"""
+import math
+import numbers
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def check_bool(name, value):
+    """Return ``value`` if it is a real ``bool``; raise ``TypeError`` otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"'{name}' must be a bool, but got {value!r} of type {type(value).__name__}.")
+    return value
+
+
+def check_real(name, value):
+    """Return ``value`` as a Python float if it is a real number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"'{name}' must be a real number, but got {value!r} of type {type(value).__name__}.")
+    return float(value)
+
+
+def check_finite_in_range(name, value, *, low, high=FLOAT32_MAX, low_inclusive=True):
+    """Return ``float(value)`` if it is finite and within ``[low, high]`` (or ``(low, high]``)."""
+    value = check_real(name, value)
+    too_low = value < low if low_inclusive else value <= low
+    if not math.isfinite(value) or too_low or value > high:
+        bracket = "[" if low_inclusive else "("
+        raise ValueError(f"'{name}' must be a finite number in {bracket}{low!r}, {high!r}], but got {value!r}.")
+    return value
+
+
+def check_int_in_range(name, value, *, low, high=2**31 - 1):
+    """Return ``value`` if it is an int (not a bool) within ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"'{name}' must be an int, but got {value!r} of type {type(value).__name__}.")
+    if not low <= value <= high:
+        raise ValueError(f"'{name}' must be an int in [{low}, {high}], but got {value!r}.")
+    return int(value)

@@ -1,0 +1,132 @@
+"""Wiring into MindSpore's training front-ends: ``build_train_network`` and ``Model``.
+
+``build_train_network`` mirrors ``mindspore.amp.build_train_network`` (mixed
+precision through MindSpore's own ``auto_mixed_precision`` machinery), but wraps
+the network in :class:`lossscale.TrainOneStepWithLossScaleCell` whenever a
+loss-scale manager is given, on every backend including CPU, where MindSpore
+raises "Only `loss_scale_manager=None` ... are supported on device `CPU`".
+
+``Model`` is ``mindspore.train.Model`` with that builder: callbacks,
+``LossMonitor``, ``eval`` and metrics are MindSpore's.
+"""
+from mindspore import Tensor, nn
+from mindspore.common import dtype as mstype
+from mindspore.amp import LossScaleManager
+from mindspore.train import Model as _MindSporeModel
+from mindspore.train import amp as _ms_amp
+
+from lossscale.managers import DynamicLossScaleManager
+from lossscale.train_cell import TrainOneStepWithLossScaleCell
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+_KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
+
+
+def _check_build_arguments(optimizer, level, kwargs):
+    if not isinstance(optimizer, nn.Optimizer):
+        raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, but got {type(optimizer).__name__}.")
+    if level not in AMP_LEVELS:
+        raise ValueError(f"'level' must be one of {AMP_LEVELS}, but got {level!r}.")
+    for key in kwargs:
+        if key not in _KWARGS:
+            raise ValueError(f"Unsupported keyword argument {key!r}; allowed: {_KWARGS}.")
+    manager = kwargs.get("loss_scale_manager")
+    if manager is not None and not isinstance(manager, LossScaleManager):
+        raise TypeError(f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, "
+                        f"but got {type(manager).__name__}.")
+
+
+def _mixed_precision_network(network, loss_fn, level, kwargs):
+    """Apply MindSpore's amp level (and keyword overrides) and attach the loss, as MindSpore does."""
+    config = dict(_ms_amp._config_level.get(level), **kwargs)  # pylint: disable=protected-access
+    network = _ms_amp._auto_mixed_precision_process(network, config, level)  # pylint: disable=protected-access
+    if loss_fn:
+        network = _ms_amp._add_loss_network(network, loss_fn, config["cast_model_type"])  # pylint: disable=protected-access
+    return network, config["loss_scale_manager"]
+
+
+def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
+    """Build a mixed-precision training cell with our loss scaling.
+
+    Same arguments as ``mindspore.amp.build_train_network`` (without ``boost_level``).
+    ``level='O2'`` defaults to ``lossscale.DynamicLossScaleManager()`` like MindSpore.
+
+    Returns:
+        - with a manager whose ``get_update_cell()`` is a Cell: our
+          :class:`TrainOneStepWithLossScaleCell` (skips overflowing steps);
+        - with ``FixedLossScaleManager(S, drop_overflow_update=False)``: the same
+          cell with a fixed Tensor scale that applies every step. It unscales the
+          gradients itself when the optimizer has no ``loss_scale`` (e.g.
+          ``nn.AdamWeightDecay``), lets the optimizer do it when its ``loss_scale``
+          is S, and raises ``ValueError`` for any other optimizer ``loss_scale``;
+        - without a manager: ``mindspore.nn.TrainOneStepCell``.
+
+    Example:
+        >>> import mindspore as ms
+        >>> from mindspore import Tensor, nn
+from mindspore.common import dtype as mstype
+        >>> from lossscale import DynamicLossScaleManager, build_train_network
+        >>> net = nn.Dense(4, 2)
+        >>> opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+        >>> train_net = build_train_network(net, opt, nn.MSELoss(), level="O2",
+        ...                                 loss_scale_manager=DynamicLossScaleManager())
+        >>> type(train_net).__name__
+        'TrainOneStepWithLossScaleCell'
+    """
+    _check_build_arguments(optimizer, level, kwargs)
+    if level == "O2" and "loss_scale_manager" not in kwargs:
+        kwargs["loss_scale_manager"] = DynamicLossScaleManager()
+    network, manager = _mixed_precision_network(network, loss_fn, level, kwargs)
+    if manager is None:
+        return nn.TrainOneStepCell(network, optimizer).set_train()
+    update_cell = manager.get_update_cell()
+    if update_cell is not None:
+        return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=update_cell).set_train()
+    fixed_scale = Tensor(float(manager.get_loss_scale()), mstype.float32)
+    return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=fixed_scale,
+                                         drop_overflow_update=False).set_train()
+
+
+class Model(_MindSporeModel):
+    """``mindspore.train.Model`` that trains with lossscale's cell whenever a loss-scale manager is given.
+
+    Works on every backend including CPU (where MindSpore's ``Model`` refuses dynamic
+    loss scaling). Callbacks, ``LossMonitor``, ``eval`` and metrics are MindSpore's.
+    After (or during) training ``manager.get_loss_scale()`` reports the scale the
+    device holds: ``Model`` calls ``manager.update_loss_scale(overflow)`` after every
+    step, which for our managers refreshes the host mirror from the device.
+
+    Example:
+        >>> from mindspore import Tensor, nn
+from mindspore.common import dtype as mstype
+        >>> from lossscale import DynamicLossScaleManager, Model
+        >>> net = nn.Dense(4, 2)
+        >>> opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+        >>> model = Model(net, nn.MSELoss(), opt, loss_scale_manager=DynamicLossScaleManager())
+        >>> type(model.train_network).__name__
+        'TrainOneStepWithLossScaleCell'
+    """
+
+    def _build_train_network(self):
+        manager = self._loss_scale_manager if self._loss_scale_manager_set else None
+        if self._optimizer is None or self._boost_level != "O0" or (manager is None and self._amp_level != "O2"):
+            return super()._build_train_network()
+        kwargs = {} if manager is None else {"loss_scale_manager": manager}
+        if self._keep_bn_fp32 is not None:
+            kwargs["keep_batchnorm_fp32"] = self._keep_bn_fp32
+        network = build_train_network(self._network, self._optimizer, self._loss_fn, level=self._amp_level,
+                                      **kwargs)
+        _apply_declared_inputs(network, self._network, self._loss_fn)
+        return network
+
+
+def _apply_declared_inputs(train_network, network, loss_fn):
+    """Carry inputs declared with ``network.set_inputs`` (dynamic shapes) over, as MindSpore's Model does."""
+    from mindspore.train import model as _ms_model  # pylint: disable=import-outside-toplevel
+
+    net_inputs = network.get_inputs()
+    if loss_fn is not None and loss_fn.get_inputs() and net_inputs:
+        loss_inputs = _ms_model._process_loss_inputs(loss_fn.get_inputs())  # pylint: disable=protected-access
+        net_inputs = _ms_model._merge_inputs(net_inputs, loss_inputs)  # pylint: disable=protected-access
+    if net_inputs is not None:
+        _ms_model._set_with_processed_inputs(train_network, net_inputs)  # pylint: disable=protected-access

@@ -1,0 +1,171 @@
+"""Loss-scale managers: MindSpore's ``LossScaleManager`` API, producing our update cells.
+
+A manager is the host-side description of a loss-scaling strategy. Training code
+(``lossscale.Model``, ``lossscale.build_train_network``, or MindSpore's own ``Model``
+on GPU/Ascend) asks it for an update cell with :meth:`get_update_cell` and wraps
+the network in a train cell. From then on the device holds the truth:
+``get_loss_scale()`` reads the scale back from the device (one host sync) and
+``update_loss_scale()`` only refreshes the host mirror, so the policy is never
+applied twice.
+"""
+import numpy as np
+from mindspore.amp import LossScaleManager
+
+from lossscale._validation import check_bool, check_finite_in_range
+from lossscale.policy import LossScalePolicy, LossScaleState, check_state, initial_state, update
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+
+
+class FixedLossScaleManager(LossScaleManager):
+    """A constant loss scale, with or without skipping overflowing steps.
+
+    Args:
+        loss_scale (float): the scale, finite and >= 1. Default 128.0 (MindSpore's).
+        drop_overflow_update (bool): skip the optimizer on overflow (True, default)
+            or always apply it (False). With False, ``get_update_cell()`` returns
+            None like MindSpore; our train-network builders then unscale the
+            gradients themselves unless the optimizer was built with the same
+            ``loss_scale`` (MindSpore's convention), and reject any other value.
+
+    Example:
+        >>> manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
+        >>> manager.get_loss_scale(), manager.get_update_cell()
+        (1024.0, None)
+    """
+
+    def __init__(self, loss_scale=128.0, drop_overflow_update=True):
+        self._loss_scale = check_finite_in_range("loss_scale", loss_scale, low=1.0)
+        self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
+
+    def get_loss_scale(self):
+        """The fixed scale (no sync)."""
+        return self._loss_scale
+
+    def get_drop_overflow_update(self):
+        """Whether overflowing steps are skipped."""
+        return self._drop_overflow_update
+
+    def update_loss_scale(self, overflow):
+        """Does nothing: the scale is fixed."""
+
+    def get_update_cell(self):
+        """A :class:`FixedLossScaleUpdateCell` if ``drop_overflow_update`` else None (as MindSpore)."""
+        if not self._drop_overflow_update:
+            return None
+        return FixedLossScaleUpdateCell(self._loss_scale)
+
+    def state_dict(self):
+        """``{'loss_scale': float}``."""
+        return {"loss_scale": self._loss_scale}
+
+    def load_state_dict(self, state):
+        """Check that ``state`` was saved by a manager with the same fixed scale."""
+        if float(state["loss_scale"]) != self._loss_scale:
+            raise ValueError(f"'state[\"loss_scale\"]' must equal the fixed loss scale {self._loss_scale!r}, "
+                             f"but got {state['loss_scale']!r}.")
+
+
+class DynamicLossScaleManager(LossScaleManager):
+    """Dynamic loss scaling: back off on overflow, grow after a window of clean steps.
+
+    MindSpore's signature and defaults, plus the keyword extensions of
+    :class:`lossscale.DynamicLossScaleUpdateCell` (backoff factor, hysteresis,
+    min/max scale). Arguments are validated (``scale_factor`` must be > 1:
+    MindSpore accepts 0.5, which inverts the policy).
+
+    Host syncs: :meth:`get_loss_scale`, :meth:`update_loss_scale` and
+    :meth:`state_dict` read the device once each when an update cell made by this
+    manager is in use by a train cell; otherwise they are pure host operations.
+
+    Args:
+        init_loss_scale (float): initial scale. Default 2**24.
+        scale_factor (float): growth factor (> 1). Default 2.
+        scale_window (int): clean steps before growth (>= 1). Default 2000.
+        backoff_factor, hysteresis, consecutive_hysteresis, min_loss_scale,
+        max_loss_scale: see :class:`lossscale.DynamicLossScaleUpdateCell`.
+
+    Example:
+        >>> manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_factor=2, scale_window=2)
+        >>> for overflow in (False, False, True):
+        ...     manager.update_loss_scale(overflow)
+        >>> manager.get_loss_scale()
+        1024.0
+    """
+
+    def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, *, backoff_factor=None,
+                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
+        self.policy = LossScalePolicy(init_scale=init_loss_scale, growth_factor=scale_factor,
+                                      backoff_factor=backoff_factor, growth_interval=scale_window,
+                                      hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
+                                      min_scale=min_loss_scale, max_scale=max_loss_scale)
+        self.scale_factor = scale_factor
+        self.scale_window = scale_window
+        self._state = initial_state(self.policy)
+        self._update_cell = None
+
+    def _device_cell(self):
+        """The update cell this manager made if a train cell has adopted it, else None."""
+        cell = self._update_cell
+        return cell if cell is not None and cell.scale_parameter is not None else None
+
+    def get_state(self):
+        """The current :class:`lossscale.policy.LossScaleState` (device value when in use)."""
+        cell = self._device_cell()
+        if cell is not None:
+            self._state = cell.get_state()
+        return self._state
+
+    def get_loss_scale(self):
+        """The current scale as a float; the device's value once training has started."""
+        return self.get_state().scale
+
+    @property
+    def loss_scale(self):
+        """Alias of :meth:`get_loss_scale` (MindSpore exposes ``loss_scale`` as an attribute)."""
+        return self.get_loss_scale()
+
+    def update_loss_scale(self, overflow):
+        """Advance the policy one step on the host.
+
+        When an update cell made by this manager is in use, the device has already
+        applied the step; this call then only refreshes the host mirror (so
+        ``mindspore.train.Model``, which calls it after every step, does not apply
+        the policy twice).
+        """
+        if self._device_cell() is not None:
+            self.get_state()
+            return
+        self._state = update(self.policy, self._state, bool(np.all(overflow)))
+
+    def get_drop_overflow_update(self):
+        """Always True: dynamic scaling skips overflowing steps."""
+        return True
+
+    def get_update_cell(self):
+        """A new :class:`DynamicLossScaleUpdateCell` starting from this manager's current state.
+
+        The manager follows the most recent cell it made: ``get_loss_scale()`` reads it.
+        """
+        state = self.get_state()
+        cell = DynamicLossScaleUpdateCell(
+            state.scale, self.scale_factor, self.scale_window, backoff_factor=self.policy.backoff_factor,
+            hysteresis=self.policy.hysteresis, consecutive_hysteresis=self.policy.consecutive_hysteresis,
+            min_loss_scale=self.policy.min_scale, max_loss_scale=self.policy.max_scale)
+        cell.set_state(state)
+        self._update_cell = cell
+        return cell
+
+    def state_dict(self):
+        """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` (device values when in use)."""
+        state = self.get_state()
+        return {"loss_scale": state.scale, "good_steps": state.good_steps,
+                "hysteresis_left": state.hysteresis_left}
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output, into the device cell too when one is in use."""
+        restored = LossScaleState(scale=float(state["loss_scale"]), good_steps=int(state["good_steps"]),
+                                  hysteresis_left=int(state["hysteresis_left"]))
+        check_state(self.policy, restored)
+        if self._update_cell is not None:
+            self._update_cell.set_state(restored)
+        self._state = restored

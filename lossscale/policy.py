@@ -1,0 +1,207 @@
+"""The dynamic loss-scale update rule as a pure, framework-free reference.
+
+This module is the specification: the graph cells in :mod:`lossscale.update_cells`
+and the host-side managers in :mod:`lossscale.managers` are tested against
+:func:`update`. It imports NumPy only, for float32 arithmetic, because the device
+keeps the scale in a float32 Parameter and the reference must round exactly as
+the device does.
+
+Algorithm (one call of :func:`update` per training step)::
+
+    if overflow:                                   # any gradient inf/nan: the step is skipped
+        good_steps = 0                             # an overflow restarts the growth window
+        if hysteresis_left <= 1:                   # the N-th overflow (hysteresis N) backs off
+            scale = max(scale * backoff_factor, min_scale)
+        hysteresis_left = max(hysteresis_left - 1, 1)
+    else:
+        good_steps += 1
+        if consecutive_hysteresis:                 # any clean step forgives earlier overflows
+            hysteresis_left = hysteresis
+        if good_steps == growth_interval:          # the W-th consecutive clean step grows
+            good_steps = 0
+            hysteresis_left = hysteresis           # default mode: refilled on growth
+            grown = scale * growth_factor
+            if isfinite(grown):                    # never grow to inf (float32)
+                scale = min(grown, max_scale)
+
+With the defaults (``hysteresis=1``, ``min_scale=1``, ``max_scale=None``) this is
+exactly MindSpore's ``DynamicLossScaleUpdateCell``, except that MindSpore lets the
+scale grow to inf. All arithmetic is float32, like the device's.
+
+Example:
+    >>> policy = LossScalePolicy(init_scale=8.0, growth_factor=2.0, growth_interval=2)
+    >>> [s.scale for s in run(policy, [False, False, True, True, False])]
+    [8.0, 16.0, 8.0, 4.0, 4.0]
+"""
+from dataclasses import dataclass, replace
+from typing import Iterable, List, Optional
+
+import numpy as np
+
+from lossscale._validation import (
+    FLOAT32_MAX,
+    check_bool,
+    check_finite_in_range,
+    check_int_in_range,
+)
+
+_F32 = np.float32
+
+
+def _f32(value):
+    """Round a Python number to the nearest float32 and return it as a Python float."""
+    return float(_F32(value))
+
+
+@dataclass(frozen=True)
+class LossScalePolicy:
+    """An immutable description of a dynamic loss-scale update rule.
+
+    Args:
+        init_scale: the first scale, finite, in ``[min_scale, max_scale]``.
+        growth_factor: multiplier applied on growth, finite and > 1.
+        backoff_factor: multiplier applied on backoff, in ``(0, 1)``. ``None`` means
+            ``1 / growth_factor`` rounded to float32 (MindSpore's ``reciprocal``).
+        growth_interval: consecutive clean steps that trigger a growth (``scale_window``).
+        hysteresis: the scale backs off on the ``hysteresis``-th overflow only.
+        consecutive_hysteresis: if True any clean step refills the hysteresis,
+            otherwise only a growth does.
+        min_scale: floor of the scale; 0 means no floor (PyTorch's behaviour).
+        max_scale: ceiling of the scale; ``None`` means the largest finite float32.
+
+    Raises:
+        TypeError, ValueError: naming the argument, the value and the allowed range.
+
+    Example:
+        >>> LossScalePolicy(init_scale=2**16, growth_interval=1000).backoff_factor
+        0.5
+    """
+
+    init_scale: float = 2.0**24
+    growth_factor: float = 2.0
+    backoff_factor: Optional[float] = None
+    growth_interval: int = 2000
+    hysteresis: int = 1
+    consecutive_hysteresis: bool = False
+    min_scale: float = 1.0
+    max_scale: Optional[float] = None
+
+    def __post_init__(self):
+        def set_field(name, value):
+            object.__setattr__(self, name, value)
+
+        growth = check_finite_in_range("growth_factor", self.growth_factor, low=1.0, low_inclusive=False)
+        set_field("growth_factor", growth)
+        backoff = self.backoff_factor
+        if backoff is None:
+            backoff = float(_F32(1.0) / _F32(growth))
+        backoff = check_finite_in_range("backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False)
+        if backoff >= 1.0:
+            raise ValueError(f"'backoff_factor' must be a finite number in (0.0, 1.0), but got {backoff!r}.")
+        set_field("backoff_factor", backoff)
+        set_field("growth_interval", check_int_in_range("growth_interval", self.growth_interval, low=1))
+        set_field("hysteresis", check_int_in_range("hysteresis", self.hysteresis, low=1))
+        check_bool("consecutive_hysteresis", self.consecutive_hysteresis)
+        min_scale = check_finite_in_range("min_scale", self.min_scale, low=0.0)
+        set_field("min_scale", min_scale)
+        max_scale = FLOAT32_MAX if self.max_scale is None else self.max_scale
+        max_scale = check_finite_in_range("max_scale", max_scale, low=max(min_scale, 1e-45))
+        set_field("max_scale", None if self.max_scale is None else max_scale)
+        init = check_finite_in_range("init_scale", self.init_scale, low=max(min_scale, 1e-45), high=max_scale)
+        set_field("init_scale", init)
+
+    @property
+    def ceiling(self):
+        """The effective maximum scale as a float32 value (``max_scale`` or FLOAT32_MAX)."""
+        return _f32(FLOAT32_MAX if self.max_scale is None else self.max_scale)
+
+
+@dataclass(frozen=True)
+class LossScaleState:
+    """The mutable part of dynamic loss scaling, as an immutable value.
+
+    Attributes:
+        scale: the current scale (a float32 value).
+        good_steps: consecutive clean steps since the last overflow or growth,
+            always in ``[0, growth_interval)``, so it never overflows int32.
+        hysteresis_left: overflows that still must happen before the next backoff,
+            counting the one that backs off; in ``[1, hysteresis]``.
+    """
+
+    scale: float
+    good_steps: int = 0
+    hysteresis_left: int = 1
+
+
+def check_state(policy: LossScalePolicy, state: LossScaleState) -> LossScaleState:
+    """Return ``state`` if it is reachable under ``policy``; raise ``ValueError`` naming the bad field.
+
+    Example:
+        >>> check_state(LossScalePolicy(growth_interval=4), LossScaleState(scale=8.0, good_steps=3))
+        LossScaleState(scale=8.0, good_steps=3, hysteresis_left=1)
+    """
+    check_finite_in_range("state.scale", state.scale, low=policy.min_scale, high=policy.ceiling)
+    check_int_in_range("state.good_steps", state.good_steps, low=0, high=policy.growth_interval - 1)
+    check_int_in_range("state.hysteresis_left", state.hysteresis_left, low=1, high=policy.hysteresis)
+    return state
+
+
+def initial_state(policy: LossScalePolicy) -> LossScaleState:
+    """The state before the first step: ``init_scale`` rounded to float32, full hysteresis.
+
+    Example:
+        >>> initial_state(LossScalePolicy(init_scale=1024.0, hysteresis=2))
+        LossScaleState(scale=1024.0, good_steps=0, hysteresis_left=2)
+    """
+    return LossScaleState(scale=_f32(policy.init_scale), good_steps=0, hysteresis_left=policy.hysteresis)
+
+
+def grown_scale(policy: LossScalePolicy, scale: float) -> float:
+    """``scale * growth_factor`` in float32, capped at the ceiling; unchanged if that is not finite."""
+    with np.errstate(over="ignore"):
+        candidate = _F32(scale) * _F32(policy.growth_factor)
+    if not np.isfinite(candidate):
+        return _f32(scale)
+    return float(min(candidate, _F32(policy.ceiling)))
+
+
+def backed_off_scale(policy: LossScalePolicy, scale: float) -> float:
+    """``scale * backoff_factor`` in float32, floored at ``min_scale``."""
+    return float(max(_F32(scale) * _F32(policy.backoff_factor), _F32(policy.min_scale)))
+
+
+def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> LossScaleState:
+    """Return the state after one step whose gradients did (``overflow=True``) or did not overflow.
+
+    Pure: neither argument is changed. See the module docstring for the algorithm.
+
+    Example:
+        >>> p = LossScalePolicy(init_scale=4.0, growth_interval=1)
+        >>> update(p, initial_state(p), overflow=False).scale
+        8.0
+    """
+    if overflow:
+        scale = backed_off_scale(policy, state.scale) if state.hysteresis_left <= 1 else state.scale
+        return LossScaleState(scale=scale, good_steps=0, hysteresis_left=max(state.hysteresis_left - 1, 1))
+    good_steps = state.good_steps + 1
+    hysteresis_left = policy.hysteresis if policy.consecutive_hysteresis else state.hysteresis_left
+    if good_steps >= policy.growth_interval:
+        return LossScaleState(scale=grown_scale(policy, state.scale), good_steps=0,
+                              hysteresis_left=policy.hysteresis)
+    return replace(state, good_steps=good_steps, hysteresis_left=hysteresis_left)
+
+
+def run(policy: LossScalePolicy, overflows: Iterable[bool],
+        state: Optional[LossScaleState] = None) -> List[LossScaleState]:
+    """Apply :func:`update` for each overflow flag; return the state after every step.
+
+    Example:
+        >>> [s.scale for s in run(LossScalePolicy(init_scale=2.0, growth_interval=3), [True, True])]
+        [1.0, 1.0]
+    """
+    state = initial_state(policy) if state is None else state
+    trajectory = []
+    for overflow in overflows:
+        state = update(policy, state, bool(overflow))
+        trajectory.append(state)
+    return trajectory

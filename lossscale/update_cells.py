@@ -1,0 +1,220 @@
+"""Graph-mode loss-scale update cells (MindSpore's call contract, our policy).
+
+An update cell is called once per step inside the compiled train graph as
+``cell(loss_scale_parameter, overflow) -> overflow``: it updates the scale
+Parameter (owned by the train cell) and its own counter Parameters with
+``ops.assign``. It never syncs with the host inside the graph.
+
+:class:`DynamicLossScaleUpdateCell` implements :func:`lossscale.policy.update`
+with branch-free ``select`` ops; the tests check it equals the policy step for step.
+"""
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from lossscale._validation import check_finite_in_range
+from lossscale.policy import LossScalePolicy, LossScaleState, check_state, initial_state
+
+
+class _ScaleBinding:
+    """Holds the train cell's scale Parameter outside the Cell attribute machinery.
+
+    Stored as a plain object so the Parameter is not registered twice in the
+    network's parameter tree (it belongs to the train cell).
+    """
+
+    __slots__ = ("parameter",)
+
+    def __init__(self, parameter):
+        self.parameter = parameter
+
+
+class _UpdateCellBase(nn.Cell):
+    """Shared plumbing: the initial scale and the binding to the train cell's scale Parameter."""
+
+    def __init__(self, loss_scale_value):
+        super().__init__()
+        self.loss_scale_value = loss_scale_value
+        self._initial_scale = float(np.float32(loss_scale_value))
+        self._binding = _ScaleBinding(None)
+
+    def bind_scale_parameter(self, parameter):
+        """Record the train cell's scale Parameter so :meth:`get_loss_scale` reads the device value.
+
+        Called by :class:`lossscale.TrainOneStepWithLossScaleCell`; users need not call it.
+        """
+        self._binding.parameter = parameter
+
+    @property
+    def scale_parameter(self):
+        """The bound scale Parameter, or None before a train cell has adopted this update cell."""
+        return self._binding.parameter
+
+    def get_loss_scale(self):
+        """The current loss scale as a float.
+
+        Before a train cell adopts this cell: the initial (or loaded) scale, no sync.
+        Afterwards: the value the device holds (one host sync).
+        """
+        parameter = self._binding.parameter
+        if parameter is None:
+            return self._initial_scale
+        return float(parameter.asnumpy().reshape(-1)[0])
+
+    def _set_loss_scale(self, value):
+        self._initial_scale = float(np.float32(value))
+        parameter = self._binding.parameter
+        if parameter is not None:
+            parameter.set_data(Tensor(np.full(parameter.shape, value, np.float32)))
+
+
+class FixedLossScaleUpdateCell(_UpdateCellBase):
+    """Update cell with a constant loss scale: the overflow flag passes through.
+
+    Args:
+        loss_scale_value (float): the scale, finite and > 0.
+
+    Inputs:
+        - **loss_scale** (Parameter) - ignored.
+        - **overflow** (Tensor[bool]) - whether the gradients overflowed.
+
+    Outputs:
+        The ``overflow`` input, unchanged (the train cell skips the step on True).
+
+    Example:
+        >>> cell = FixedLossScaleUpdateCell(1024.0)
+        >>> cell.get_loss_scale()
+        1024.0
+    """
+
+    def __init__(self, loss_scale_value):
+        check_finite_in_range("loss_scale_value", loss_scale_value, low=0.0, low_inclusive=False)
+        super().__init__(loss_scale_value)
+
+    def state_dict(self):
+        """``{'loss_scale': float}``; syncs the host if bound to a train cell."""
+        return {"loss_scale": self.get_loss_scale()}
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output (the scale must equal this cell's fixed scale)."""
+        scale = float(state["loss_scale"])
+        if scale != float(np.float32(self.loss_scale_value)):
+            raise ValueError(f"'state[\"loss_scale\"]' must equal the fixed loss scale "
+                             f"{self.loss_scale_value!r}, but got {scale!r}.")
+
+    def construct(self, loss_scale, overflow):
+        return overflow
+
+
+class DynamicLossScaleUpdateCell(_UpdateCellBase):
+    """Dynamic loss-scale update cell: :func:`lossscale.policy.update` in graph mode.
+
+    Same constructor positional arguments and call contract as
+    ``mindspore.nn.DynamicLossScaleUpdateCell``, plus keyword extensions. The scale
+    grows by ``scale_factor`` on the ``scale_window``-th consecutive clean step
+    (never to inf, never above ``max_loss_scale``), backs off by ``backoff_factor``
+    on the ``hysteresis``-th overflow, and never drops below ``min_loss_scale``.
+
+    State lives in Parameters saved with the network's checkpoint:
+    ``<prefix>loss_scale_good_steps`` (int32, always < ``scale_window``) and
+    ``<prefix>loss_scale_hysteresis_left`` (int32, in [1, hysteresis]); the scale
+    itself is the train cell's ``scale_sense`` Parameter.
+
+    Args:
+        loss_scale_value (float): initial scale.
+        scale_factor (float): growth factor, > 1 (backoff is its reciprocal by default).
+        scale_window (int): clean steps before a growth, >= 1.
+        backoff_factor (float, optional): multiplier on backoff, in (0, 1).
+        hysteresis (int): overflows needed to back off once, >= 1. Default 1.
+        consecutive_hysteresis (bool): refill hysteresis on any clean step (True)
+            or only on growth (False, default).
+        min_loss_scale (float): floor, >= 0. Default 1.0 (MindSpore's floor).
+        max_loss_scale (float, optional): ceiling; default the largest float32.
+
+    Inputs:
+        - **loss_scale** (Parameter) - float32 scale of shape () or (1,), updated in place.
+        - **overflow** (Tensor[bool]) - whether this step's gradients overflowed.
+
+    Outputs:
+        The ``overflow`` input.
+
+    Example:
+        >>> cell = DynamicLossScaleUpdateCell(2**12, 2, 1000, hysteresis=2)
+        >>> cell.policy.backoff_factor
+        0.5
+    """
+
+    def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
+                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
+        policy = LossScalePolicy(init_scale=loss_scale_value, growth_factor=scale_factor,
+                                 backoff_factor=backoff_factor, growth_interval=scale_window,
+                                 hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
+                                 min_scale=min_loss_scale, max_scale=max_loss_scale)
+        super().__init__(loss_scale_value)
+        self.policy = policy
+        self.scale_factor = scale_factor
+        self.scale_window = scale_window
+        self._growth_factor = Tensor(policy.growth_factor, mstype.float32)
+        self._backoff_factor = Tensor(policy.backoff_factor, mstype.float32)
+        self._min_scale = Tensor(policy.min_scale, mstype.float32)
+        self._max_scale = Tensor(policy.ceiling, mstype.float32)
+        self._window = Tensor(policy.growth_interval, mstype.int32)
+        self._full_hysteresis = Tensor(policy.hysteresis, mstype.int32)
+        self._zero = Tensor(0, mstype.int32)
+        self._one = Tensor(1, mstype.int32)
+        self._consecutive = policy.consecutive_hysteresis
+        start = initial_state(policy)
+        self.good_steps = Parameter(Tensor(start.good_steps, mstype.int32),
+                                    name="loss_scale_good_steps", requires_grad=False)
+        self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
+                                         name="loss_scale_hysteresis_left", requires_grad=False)
+
+    def get_state(self):
+        """The current :class:`lossscale.policy.LossScaleState` (syncs the host)."""
+        return LossScaleState(scale=self.get_loss_scale(),
+                              good_steps=int(self.good_steps.asnumpy()),
+                              hysteresis_left=int(self.hysteresis_left.asnumpy()))
+
+    def set_state(self, state):
+        """Write a :class:`lossscale.policy.LossScaleState` into the Parameters (host to device)."""
+        check_state(self.policy, state)
+        self._set_loss_scale(state.scale)
+        self.good_steps.set_data(Tensor(state.good_steps, mstype.int32))
+        self.hysteresis_left.set_data(Tensor(state.hysteresis_left, mstype.int32))
+
+    def state_dict(self):
+        """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (syncs the host)."""
+        state = self.get_state()
+        return {"loss_scale": state.scale, "good_steps": state.good_steps,
+                "hysteresis_left": state.hysteresis_left}
+
+    def load_state_dict(self, state):
+        """Restore the output of :meth:`state_dict` (validated; nothing changes on error)."""
+        self.set_state(LossScaleState(scale=float(state["loss_scale"]), good_steps=int(state["good_steps"]),
+                                      hysteresis_left=int(state["hysteresis_left"])))
+
+    def construct(self, loss_scale, overflow):
+        hysteresis = self.hysteresis_left
+        # Overflow branch: back off only when the hysteresis is exhausted.
+        backed_off = ops.maximum(loss_scale * self._backoff_factor, self._min_scale)
+        scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, loss_scale)
+        hysteresis_if_overflow = ops.maximum(hysteresis - self._one, self._one)
+        # Clean branch: grow on the window-th clean step, never to inf nor above the ceiling.
+        good_steps = self.good_steps + self._one
+        grow = good_steps >= self._window
+        grown = loss_scale * self._growth_factor
+        grown = ops.select(ops.isfinite(grown), ops.minimum(grown, self._max_scale), loss_scale)
+        scale_if_clean = ops.select(grow, grown, loss_scale)
+        good_if_clean = ops.select(grow, self._zero, good_steps)
+        if self._consecutive:
+            hysteresis_if_clean = self._full_hysteresis
+        else:
+            hysteresis_if_clean = ops.select(grow, self._full_hysteresis, hysteresis)
+
+        new_scale = ops.select(overflow, scale_if_overflow, scale_if_clean)
+        new_good = ops.select(overflow, self._zero, good_if_clean)
+        new_hysteresis = ops.select(overflow, hysteresis_if_overflow, hysteresis_if_clean)
+        overflow = ops.depend(overflow, ops.assign(loss_scale, new_scale))
+        overflow = ops.depend(overflow, ops.assign(self.good_steps, new_good))
+        overflow = ops.depend(overflow, ops.assign(self.hysteresis_left, new_hysteresis))
+        return overflow
