@@ -12,7 +12,7 @@ import numpy as np
 from mindspore.amp import LossScaleManager
 
 from lossscale._validation import check_bool, check_finite_in_range
-from lossscale.policy import LossScalePolicy, LossScaleState, check_state, initial_state, update
+from lossscale.policy import LossScaleState, check_state, initial_state, policy_from_mindspore_arguments, update
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
 
@@ -94,10 +94,10 @@ class DynamicLossScaleManager(LossScaleManager):
 
     def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, *, backoff_factor=None,
                  hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
-        self.policy = LossScalePolicy(init_scale=init_loss_scale, growth_factor=scale_factor,
-                                      backoff_factor=backoff_factor, growth_interval=scale_window,
-                                      hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
-                                      min_scale=min_loss_scale, max_scale=max_loss_scale)
+        self.policy = policy_from_mindspore_arguments(
+            "init_loss_scale", init_loss_scale, scale_factor, scale_window, backoff_factor=backoff_factor,
+            hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale)
         self.scale_factor = scale_factor
         self.scale_window = scale_window
         self._state = initial_state(self.policy)

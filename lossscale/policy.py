@@ -133,6 +133,34 @@ class LossScaleState:
     hysteresis_left: int = 1
 
 
+_MINDSPORE_NAMES = {"growth_factor": "scale_factor", "growth_interval": "scale_window",
+                    "min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
+
+
+def policy_from_mindspore_arguments(init_name, init_scale, scale_factor, scale_window, **extensions):
+    """Build a :class:`LossScalePolicy` from MindSpore-style arguments.
+
+    Errors name the argument as the caller spelled it (``init_name`` for the
+    initial scale, ``scale_factor``, ``scale_window``, ``min_loss_scale``, ...).
+
+    Example:
+        >>> policy_from_mindspore_arguments("init_loss_scale", 1024, 2, 100, min_loss_scale=4.0).min_scale
+        4.0
+    """
+    try:
+        return LossScalePolicy(init_scale=init_scale, growth_factor=scale_factor, growth_interval=scale_window,
+                               backoff_factor=extensions.get("backoff_factor"),
+                               hysteresis=extensions.get("hysteresis", 1),
+                               consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
+                               min_scale=extensions.get("min_loss_scale", 1.0),
+                               max_scale=extensions.get("max_loss_scale"))
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for field, name in dict(_MINDSPORE_NAMES, init_scale=init_name).items():
+            message = message.replace(f"'{field}'", f"'{name}'")
+        raise type(error)(message) from None
+
+
 def check_state(policy: LossScalePolicy, state: LossScaleState) -> LossScaleState:
     """Return ``state`` if it is reachable under ``policy``; raise ``ValueError`` naming the bad field.
 

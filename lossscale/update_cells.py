@@ -13,7 +13,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
-from lossscale.policy import LossScalePolicy, LossScaleState, check_state, initial_state
+from lossscale.policy import LossScaleState, check_state, initial_state, policy_from_mindspore_arguments
 
 
 class _ScaleBinding:
@@ -146,10 +146,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
                  hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
-        policy = LossScalePolicy(init_scale=loss_scale_value, growth_factor=scale_factor,
-                                 backoff_factor=backoff_factor, growth_interval=scale_window,
-                                 hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
-                                 min_scale=min_loss_scale, max_scale=max_loss_scale)
+        policy = policy_from_mindspore_arguments(
+            "loss_scale_value", loss_scale_value, scale_factor, scale_window, backoff_factor=backoff_factor,
+            hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale)
         super().__init__(loss_scale_value)
         self.policy = policy
         self.scale_factor = scale_factor

@@ -1,0 +1,42 @@
+"""Shared test setup: MindSpore graph mode on CPU, and a driver cell for update cells."""
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+
+class UpdateCellDriver(nn.Cell):
+    """Owns a scale Parameter and calls an update cell with it, as a train cell does."""
+
+    def __init__(self, update_cell, bind=True):
+        super().__init__()
+        self.update_cell = update_cell
+        self.scale = Parameter(Tensor(np.float32(update_cell.get_loss_scale())), name="scale")
+        if bind:
+            update_cell.bind_scale_parameter(self.scale)
+
+    def construct(self, overflow):
+        return self.update_cell(self.scale, overflow)
+
+    def run(self, overflows):
+        """Feed each flag; return the scale after every step (host floats)."""
+        scales = []
+        for flag in overflows:
+            self(Tensor(bool(flag)))
+            scales.append(float(self.scale.asnumpy()))
+        return scales
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    ms.set_seed(0)
+    np.random.seed(0)

@@ -1,0 +1,79 @@
+"""Small networks and optimizers for the train-cell tests."""
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+
+def regression_net(in_features=6, out_features=3, seed=0):
+    """``WithLossCell(Dense -> ReLU -> Dense, MSE)`` with deterministic weights."""
+    rng = np.random.RandomState(seed)
+    hidden = 8
+    body = nn.SequentialCell([
+        nn.Dense(in_features, hidden, weight_init=Tensor(rng.randn(hidden, in_features).astype(np.float32) * 0.3),
+                 bias_init=Tensor(rng.randn(hidden).astype(np.float32) * 0.1)),
+        nn.ReLU(),
+        nn.Dense(hidden, out_features, weight_init=Tensor(rng.randn(out_features, hidden).astype(np.float32) * 0.3),
+                 bias_init=Tensor(rng.randn(out_features).astype(np.float32) * 0.1)),
+    ])
+    return nn.WithLossCell(body, nn.MSELoss())
+
+
+def regression_batches(count, batch=4, in_features=6, out_features=3, seed=1):
+    rng = np.random.RandomState(seed)
+    return [(rng.randn(batch, in_features).astype(np.float32), rng.randn(batch, out_features).astype(np.float32))
+            for _ in range(count)]
+
+
+def snapshot(cell):
+    """Every Parameter of ``cell`` (weights, optimizer state, scale, counters) as numpy copies."""
+    return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
+
+
+class Fp16SquareLoss(nn.Cell):
+    """``loss = mean((x * w)^2)`` entirely in float16; overflows for |x| >= 256 when w = 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones(1, np.float16)), name="w")
+
+    def construct(self, x):
+        y = ops.cast(x, mstype.float16) * self.w
+        return ops.reduce_mean(y * y)
+
+
+class Fp16Linear(nn.Cell):
+    """``loss = sum(float32(w * x)) * 2**-20`` with float16 ``w``: small true gradients ``x * 2**-20``."""
+
+    def __init__(self, size=4):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones(size, np.float16)), name="w")
+        self.factor = Tensor(2.0**-20, mstype.float32)
+
+    def construct(self, x):
+        return ops.reduce_sum(ops.cast(self.w * x, mstype.float32)) * self.factor
+
+
+class LossPlusInput(nn.Cell):
+    """``loss = mean(w * y) + offset``: finite gradients whatever ``offset`` is."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones(3, np.float32)), name="w")
+
+    def construct(self, y, offset):
+        return ops.reduce_mean(self.w * y) + offset
+
+
+class GradCapture(nn.Optimizer):
+    """An 'optimizer' that stores the gradients it receives (to inspect what the train cell passes on)."""
+
+    def __init__(self, params):
+        super().__init__(0.0, params)
+        self.captured = self._parameters.clone(prefix="captured", init="zeros")
+
+    def construct(self, grads):
+        return self.hyper_map(ops.assign, self.captured, grads)
+
+
+__all__ = ["regression_net", "regression_batches", "snapshot", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
+           "GradCapture"]

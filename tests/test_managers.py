@@ -1,0 +1,124 @@
+"""Managers: MindSpore's API and defaults, validation, host policy, device mirroring, state_dict."""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore.amp import LossScaleManager
+
+from conftest import UpdateCellDriver
+from lossscale import (
+    DynamicLossScaleManager,
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
+)
+from lossscale.policy import run
+
+
+def test_defaults_match_mindspore():
+    ours, theirs = DynamicLossScaleManager(), ms.amp.DynamicLossScaleManager()
+    assert ours.get_loss_scale() == theirs.get_loss_scale() == 2**24
+    assert (ours.scale_factor, ours.scale_window) == (theirs.scale_factor, theirs.scale_window) == (2, 2000)
+    fixed, fixed_ms = FixedLossScaleManager(), ms.amp.FixedLossScaleManager()
+    assert fixed.get_loss_scale() == fixed_ms.get_loss_scale() == 128.0
+    assert fixed.get_drop_overflow_update() is fixed_ms.get_drop_overflow_update() is True
+    assert isinstance(ours, LossScaleManager) and isinstance(fixed, LossScaleManager)
+
+
+def test_positional_arguments_follow_mindspore():
+    manager = DynamicLossScaleManager(2**10, 4, 30)
+    assert (manager.get_loss_scale(), manager.scale_factor, manager.scale_window) == (1024.0, 4, 30)
+    assert FixedLossScaleManager(1024.0, False).get_drop_overflow_update() is False
+
+
+@pytest.mark.parametrize("factory, error, pattern", [
+    (lambda: DynamicLossScaleManager(scale_factor=0.5), ValueError, r"'scale_factor'.*\(1.0, .*0.5"),
+    (lambda: DynamicLossScaleManager(scale_window=0), ValueError, r"'scale_window'.*\[1, .*0"),
+    (lambda: DynamicLossScaleManager(scale_window=1.5), TypeError, r"'scale_window'.*1.5"),
+    (lambda: DynamicLossScaleManager(init_loss_scale=0.5), ValueError, r"'init_loss_scale'.*0.5"),
+    (lambda: DynamicLossScaleManager(init_loss_scale=float("inf")), ValueError, r"'init_loss_scale'.*inf"),
+    (lambda: DynamicLossScaleManager(hysteresis=0), ValueError, r"'hysteresis'.*0"),
+    (lambda: DynamicLossScaleManager(backoff_factor=2.0), ValueError, r"'backoff_factor'.*2.0"),
+    (lambda: DynamicLossScaleManager(max_loss_scale=8.0), ValueError, r"'init_loss_scale'"),
+    (lambda: FixedLossScaleManager(loss_scale=0.5), ValueError, r"'loss_scale'.*0.5"),
+    (lambda: FixedLossScaleManager(loss_scale=float("nan")), ValueError, r"'loss_scale'.*nan"),
+    (lambda: FixedLossScaleManager(loss_scale="128"), TypeError, r"'loss_scale'"),
+    (lambda: FixedLossScaleManager(drop_overflow_update="no"), TypeError, r"'drop_overflow_update'"),
+])
+def test_bad_arguments(factory, error, pattern):
+    with pytest.raises(error, match=pattern):
+        factory()
+
+
+def test_min_loss_scale_allows_a_scale_below_one():
+    assert DynamicLossScaleManager(init_loss_scale=0.5, min_loss_scale=0.125).get_loss_scale() == 0.5
+
+
+def test_host_update_follows_the_policy():
+    manager = DynamicLossScaleManager(2**10, 2, 3, hysteresis=2)
+    flags = [False, True, True, True, False, False, False, False]
+    expected = [s.scale for s in run(manager.policy, flags)]
+    got = []
+    for flag in flags:
+        manager.update_loss_scale(flag)
+        got.append(manager.get_loss_scale())
+    assert got == expected
+
+
+def test_host_update_matches_mindspore_manager_with_defaults():
+    ours, theirs = DynamicLossScaleManager(2**10, 2, 4), ms.amp.DynamicLossScaleManager(2**10, 2, 4)
+    flags = [bool(x) for x in np.random.RandomState(3).rand(300) < 0.2]
+    for flag in flags:
+        ours.update_loss_scale(flag)
+        theirs.update_loss_scale(flag)
+        assert ours.get_loss_scale() == theirs.get_loss_scale()
+
+
+def test_update_cells_are_ours_with_the_manager_policy():
+    manager = DynamicLossScaleManager(2**12, 4, 100, hysteresis=2, min_loss_scale=2.0, max_loss_scale=2.0**20)
+    cell = manager.get_update_cell()
+    assert isinstance(cell, DynamicLossScaleUpdateCell) and cell.policy == manager.policy
+    assert isinstance(FixedLossScaleManager(64.0).get_update_cell(), FixedLossScaleUpdateCell)
+    assert FixedLossScaleManager(64.0, drop_overflow_update=False).get_update_cell() is None
+
+
+def test_manager_mirrors_the_device_once_its_cell_is_in_use():
+    manager = DynamicLossScaleManager(2**10, 2, 2)
+    manager.update_loss_scale(True)  # host-only step before training: 512
+    driver = UpdateCellDriver(manager.get_update_cell())  # the cell starts from the host state
+    assert manager.get_loss_scale() == 512.0
+    driver.run([False, False, False])
+    assert manager.get_loss_scale() == 1024.0
+    manager.update_loss_scale(True)  # what mindspore.train.Model calls: refresh only, no second step
+    assert manager.get_loss_scale() == 1024.0
+    assert manager.state_dict() == {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
+
+
+def test_state_dict_round_trip_into_a_fresh_manager_and_its_cell():
+    source = DynamicLossScaleManager(2**10, 2, 3, hysteresis=2)
+    for flag in (False, True, False):
+        source.update_loss_scale(flag)
+    target = DynamicLossScaleManager(2**10, 2, 3, hysteresis=2)
+    target.load_state_dict(source.state_dict())
+    assert target.state_dict() == source.state_dict() == {"loss_scale": 1024.0, "good_steps": 1,
+                                                          "hysteresis_left": 1}
+    driver = UpdateCellDriver(target.get_update_cell())
+    driver.run([False, False])
+    assert target.get_loss_scale() == 2048.0
+
+
+def test_load_state_dict_rejects_bad_state_and_keeps_the_old_one():
+    manager = DynamicLossScaleManager(2**10, 2, 3)
+    before = manager.state_dict()
+    with pytest.raises(ValueError, match="state.good_steps"):
+        manager.load_state_dict(dict(before, good_steps=3))
+    with pytest.raises(ValueError, match="state.scale"):
+        manager.load_state_dict(dict(before, loss_scale=float("inf")))
+    assert manager.state_dict() == before
+
+
+def test_fixed_manager_state_dict():
+    manager = FixedLossScaleManager(256.0)
+    manager.update_loss_scale(True)
+    assert manager.state_dict() == {"loss_scale": 256.0}
+    with pytest.raises(ValueError, match="loss_scale"):
+        manager.load_state_dict({"loss_scale": 128.0})

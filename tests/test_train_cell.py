@@ -1,0 +1,257 @@
+"""TrainOneStepWithLossScaleCell on CPU: overflow decisions, skip semantics, unscaling, optimizer checks."""
+import numpy as np
+import pytest
+from mindspore import Tensor, load_checkpoint, load_param_into_net, nn, save_checkpoint
+from mindspore.common import dtype as mstype
+
+from lossscale import (
+    DynamicLossScaleManager,
+    FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
+    TrainOneStepWithLossScaleCell,
+    build_train_network,
+)
+from lossscale.policy import run
+from nets import Fp16Linear, Fp16SquareLoss, GradCapture, LossPlusInput, regression_batches, regression_net, snapshot
+
+
+def _tensors(batch):
+    return tuple(Tensor(a) for a in batch)
+
+
+@pytest.fixture(scope="module")
+def fp16_square_step():
+    net = Fp16SquareLoss()
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.0)
+    return TrainOneStepWithLossScaleCell(net, opt, FixedLossScaleUpdateCell(1.0))
+
+
+def test_fp16_network_overflow_flags(fp16_square_step):
+    # (x*w)^2 in float16: 40000^2 and +-inf overflow, 0 and 10 do not.
+    inputs = [-np.inf, 0.0, 40000.0, 10.0, np.inf]
+    flags = [bool(fp16_square_step(Tensor(np.array([v], np.float16)))[1].asnumpy()) for v in inputs]
+    assert flags == [True, False, True, False, True]
+
+
+def test_nan_gradient_is_an_overflow(fp16_square_step):
+    assert bool(fp16_square_step(Tensor(np.array([np.nan], np.float16)))[1].asnumpy())
+
+
+def test_non_finite_loss_with_finite_gradients_is_an_overflow():
+    net = LossPlusInput()
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.5)
+    step = TrainOneStepWithLossScaleCell(net, opt, FixedLossScaleUpdateCell(8.0))
+    y = Tensor(np.ones(3, np.float32))
+    before = snapshot(step)
+    assert bool(step(y, Tensor(np.float32(np.inf)))[1].asnumpy())
+    assert all(np.array_equal(before[k], v) for k, v in snapshot(step).items())
+    assert not bool(step(y, Tensor(np.float32(1.0)))[1].asnumpy())
+    assert not np.array_equal(before["w"], net.w.asnumpy())
+
+
+def _control_and_scaled(optimizer_factory, scale_sense_factory, batches, inject_at=None):
+    """Train a control (TrainOneStepCell, batch ``inject_at`` left out) and a scaled run on the same data."""
+    control_net, scaled_net = regression_net(), regression_net()
+    control = nn.TrainOneStepCell(control_net, optimizer_factory(control_net))
+    scaled = TrainOneStepWithLossScaleCell(scaled_net, optimizer_factory(scaled_net), scale_sense_factory())
+    flags = []
+    for i, batch in enumerate(batches):
+        if i == inject_at:
+            x, y = batch
+            x = x.copy()
+            x[0, 0] = np.inf
+            before = snapshot(scaled)
+            flags.append(bool(scaled(Tensor(x), Tensor(y))[1].asnumpy()))
+            after = snapshot(scaled)
+            changed = {k for k in before if not np.array_equal(before[k], after[k])}
+            assert changed <= {"scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left"}, changed
+            continue
+        control(*_tensors(batch))
+        flags.append(bool(scaled(*_tensors(batch))[1].asnumpy()))
+    return control, scaled, flags
+
+
+@pytest.mark.parametrize("optimizer_factory", [
+    lambda net: nn.Adam(net.trainable_params(), learning_rate=0.01),
+    lambda net: nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9),
+], ids=["adam", "momentum"])
+def test_differential_control_vs_scaled_with_injected_inf(optimizer_factory):
+    manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=3)
+    batches = regression_batches(12)
+    control, scaled, flags = _control_and_scaled(optimizer_factory, manager.get_update_cell, batches, inject_at=5)
+    assert flags == [i == 5 for i in range(12)]
+    expected_scale = run(manager.policy, flags)[-1].scale
+    assert manager.get_loss_scale() == expected_scale
+    control_params, scaled_params = snapshot(control), snapshot(scaled)
+    for name, value in control_params.items():
+        np.testing.assert_allclose(scaled_params[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_skipped_step_leaves_optimizer_state_bit_identical():
+    net = regression_net()
+    opt = nn.Adam(net.trainable_params(), learning_rate=0.01)
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=100)
+    step = TrainOneStepWithLossScaleCell(net, opt, manager.get_update_cell())
+    x, y = regression_batches(1)[0]
+    step(Tensor(x), Tensor(y))
+    before = snapshot(step)
+    x[1, 2] = np.nan
+    loss, overflow, scale = step(Tensor(x), Tensor(y))
+    after = snapshot(step)
+    assert bool(overflow.asnumpy()) and float(scale.asnumpy()) == 512.0
+    for name in before:
+        if name not in ("scale_sense", "loss_scale_good_steps"):
+            assert np.array_equal(before[name], after[name]), name
+    assert after["global_step"].item() == 1 and after["scale_sense"].item() == 512.0
+
+
+def test_float16_gradients_unscale_exactly_at_scale_2_pow_25():
+    net = Fp16Linear()
+    opt = GradCapture(net.trainable_params())
+    step = TrainOneStepWithLossScaleCell(net, opt, Tensor(2.0**25, mstype.float32))
+    x = np.array([1, 3, -5, 100], np.float16)
+    assert not bool(step(Tensor(x))[1].asnumpy())
+    captured = opt.captured[0].asnumpy()
+    assert captured.dtype == np.float16
+    np.testing.assert_array_equal(captured, (x.astype(np.float32) * 2.0**-20).astype(np.float16))
+    assert np.all(captured != 0)
+    # MindSpore's cell multiplies by reciprocal(scale) cast to float16, which is 0 here:
+    assert np.float16(np.float32(1) / np.float32(2.0**25)) == 0
+
+
+def test_returns_loss_overflow_and_updated_scale():
+    net = regression_net()
+    manager = DynamicLossScaleManager(init_loss_scale=4.0, scale_window=1)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), manager.get_update_cell())
+    batch = _tensors(regression_batches(1)[0])
+    loss, overflow, scale = step(*batch)
+    assert loss.shape == () and overflow.dtype == mstype.bool_
+    assert float(scale.asnumpy()) == 8.0 == step.get_loss_scale() == manager.get_loss_scale()
+    control = float(regression_net()(*batch).asnumpy())
+    assert float(loss.asnumpy()) == pytest.approx(control, rel=1e-6)
+
+
+def test_tensor_scale_sense_and_set_sense_scale():
+    net = Fp16Linear()
+    opt = GradCapture(net.trainable_params())
+    step = TrainOneStepWithLossScaleCell(net, opt, Tensor([1024.0], mstype.float32))
+    x = Tensor(np.array([1, 2, 4, 8], np.float16))
+    step(x)
+    first = opt.captured[0].asnumpy().copy()
+    step.set_sense_scale(Tensor([4096.0], mstype.float32))
+    assert step.get_loss_scale() == 4096.0
+    step(x)
+    np.testing.assert_array_equal(opt.captured[0].asnumpy(), first)  # same true gradients at another scale
+    with pytest.raises(ValueError, match="shape"):
+        step.set_sense_scale(Tensor(2.0, mstype.float32))
+    with pytest.raises(ValueError, match="finite"):
+        step.set_sense_scale(Tensor([np.inf], mstype.float32))
+    with pytest.raises(TypeError, match="'sens'"):
+        step.set_sense_scale(2.0)
+
+
+@pytest.mark.parametrize("scale_sense, error, pattern", [
+    (Tensor(np.ones((2,), np.float32)), ValueError, r"shape \(\) or \(1,\)"),
+    (Tensor(np.float32(0.0)), ValueError, "finite and > 0"),
+    (Tensor(np.float32(np.nan)), ValueError, "finite and > 0"),
+    (3.0, TypeError, "'scale_sense'"),
+    (nn.ReLU(), TypeError, "get_loss_scale"),
+])
+def test_bad_scale_sense(scale_sense, error, pattern):
+    net = regression_net()
+    with pytest.raises(error, match=pattern):
+        TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), scale_sense)
+
+
+def test_bad_overflow_check_and_drop_flag():
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    with pytest.raises(ValueError, match="'overflow_check'.*'cuda'"):
+        TrainOneStepWithLossScaleCell(net, opt, Tensor(1.0), overflow_check="cuda")
+    with pytest.raises(TypeError, match="'drop_overflow_update'"):
+        TrainOneStepWithLossScaleCell(net, opt, Tensor(1.0), drop_overflow_update=1)
+
+
+def test_optimizer_loss_scale_that_disagrees_is_rejected():
+    net = regression_net()
+    dynamic = DynamicLossScaleManager(init_loss_scale=1024)
+    with pytest.raises(ValueError, match=r"'optimizer.loss_scale' is 1024.0 but the loss scale is dynamic"):
+        TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=1024.0),
+                                      dynamic.get_update_cell())
+    with pytest.raises(ValueError, match=r"'optimizer.loss_scale' is 512.0 but the loss scale is 1024.0"):
+        build_train_network(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=512.0),
+                            loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=False))
+
+
+@pytest.mark.parametrize("optimizer_factory, optimizer_unscales", [
+    (lambda net, s: nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.01), False),
+    (lambda net, s: nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=s), True),
+], ids=["adamweightdecay_without_loss_scale", "momentum_with_loss_scale"])
+def test_fixed_scale_without_dropping_trains_like_the_control(optimizer_factory, optimizer_unscales):
+    scale = 1024.0
+    scaled_net, control_net = regression_net(), regression_net()
+    scaled = build_train_network(scaled_net, optimizer_factory(scaled_net, scale),
+                                 loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False))
+    control = nn.TrainOneStepCell(control_net, optimizer_factory(control_net, 1.0))
+    assert scaled.optimizer_unscales is optimizer_unscales
+    for batch in regression_batches(8):
+        control(*_tensors(batch))
+        scaled(*_tensors(batch))
+    for name, value in snapshot(control).items():
+        np.testing.assert_allclose(snapshot(scaled)[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    if optimizer_unscales:
+        with pytest.raises(ValueError, match="cannot change the scale"):
+            scaled.set_sense_scale(Tensor(8.0, mstype.float32))
+
+
+def test_fixed_scale_without_dropping_applies_overflowing_steps():
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.01)
+    step = build_train_network(net, opt, loss_scale_manager=FixedLossScaleManager(64.0, drop_overflow_update=False))
+    x, y = regression_batches(1)[0]
+    x[0, 0] = np.inf
+    _, overflow, _ = step(Tensor(x), Tensor(y))
+    assert bool(overflow.asnumpy())
+    assert not np.isfinite(net.trainable_params()[0].asnumpy()).all()  # MindSpore's documented semantics
+
+
+def _train_with_overflows(step, batches, inject):
+    for i, (x, y) in enumerate(batches):
+        if i in inject:
+            x = x.copy()
+            x[0, 0] = np.inf
+        step(Tensor(x), Tensor(y))
+
+
+def _fresh_step(hysteresis=2):
+    net = regression_net()
+    manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=3, hysteresis=hysteresis)
+    step = TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), 0.01), manager.get_update_cell())
+    return step, manager
+
+
+def test_checkpoint_round_trip_resumes_exactly(tmp_path):
+    batches = regression_batches(14)
+    inject = {2, 3, 9}
+    uninterrupted, _ = _fresh_step()
+    _train_with_overflows(uninterrupted, batches, inject)
+
+    first, first_manager = _fresh_step()
+    _train_with_overflows(first, batches[:7], inject)
+    path = str(tmp_path / "step.ckpt")
+    save_checkpoint(first, path)
+    saved_state = first_manager.state_dict()
+
+    resumed, resumed_manager = _fresh_step()
+    not_loaded = load_param_into_net(resumed, load_checkpoint(path))
+    assert not [name for name in not_loaded[0] if not name.startswith("captured")]
+    assert resumed_manager.state_dict() == saved_state
+    flags_so_far = [i in inject for i in range(7)]
+    expected_state = run(first_manager.policy, flags_so_far)[-1]
+    assert saved_state == {"loss_scale": expected_state.scale, "good_steps": expected_state.good_steps,
+                           "hysteresis_left": expected_state.hysteresis_left}
+    _train_with_overflows(resumed, batches[7:], {i - 7 for i in inject if i >= 7})
+    expected, got = snapshot(uninterrupted), snapshot(resumed)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

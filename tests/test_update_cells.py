@@ -1,0 +1,172 @@
+"""Graph update cells against the pure policy, and against MindSpore's own cell."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mindspore import Parameter, Tensor, nn
+from mindspore.common import dtype as mstype
+
+from conftest import UpdateCellDriver
+from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale.policy import LossScaleState, initial_state, run
+
+# Policies compiled once for the whole module (MindSpore compiles each new Cell).
+FIXED_POLICIES = {
+    "mindspore_like": dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=3),
+    "hysteresis": dict(loss_scale_value=2.0**20, scale_factor=2, scale_window=4, hysteresis=3),
+    "consecutive": dict(loss_scale_value=2.0**8, scale_factor=4, scale_window=2, hysteresis=2,
+                        consecutive_hysteresis=True),
+    "bounded": dict(loss_scale_value=64.0, scale_factor=2, scale_window=1, min_loss_scale=8.0, max_loss_scale=512.0),
+    "near_float32_max": dict(loss_scale_value=2.0**125, scale_factor=2, scale_window=1),
+    "no_floor": dict(loss_scale_value=2.0**-140, scale_factor=2, scale_window=5, min_loss_scale=0.0,
+                     backoff_factor=0.25),
+}
+_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def drivers():
+    return {name: UpdateCellDriver(DynamicLossScaleUpdateCell(**kwargs)) for name, kwargs in FIXED_POLICIES.items()}
+
+
+def _assert_cell_follows_policy(driver, flags):
+    cell = driver.update_cell
+    cell.set_state(initial_state(cell.policy))
+    expected = run(cell.policy, flags)
+    for step, (flag, state) in enumerate(zip(flags, expected)):
+        returned = driver(Tensor(flag))
+        assert bool(returned.asnumpy()) == flag
+        assert cell.get_state() == state, f"step {step}: flags {flags[:step + 1]}"
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
+@_SETTINGS
+@given(flags=st.lists(st.booleans(), min_size=1, max_size=60))
+def test_graph_cell_equals_policy_on_random_overflows(drivers, name, flags):
+    _assert_cell_follows_policy(drivers[name], flags)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scale_exp=st.integers(-10, 127),
+    factor=st.sampled_from([1.5, 2.0, 3.0, 4.0, 10.0]),
+    window=st.integers(1, 6),
+    hysteresis=st.integers(1, 4),
+    consecutive=st.booleans(),
+    min_exp=st.one_of(st.none(), st.integers(-12, 0)),
+    flags=st.lists(st.booleans(), min_size=1, max_size=120),
+)
+def test_random_policy_graph_equals_policy(scale_exp, factor, window, hysteresis, consecutive, min_exp, flags):
+    min_scale = 1.0 if min_exp is None else 2.0**min_exp
+    cell = DynamicLossScaleUpdateCell(max(2.0**scale_exp, min_scale), factor, window, hysteresis=hysteresis,
+                                      consecutive_hysteresis=consecutive, min_loss_scale=min_scale)
+    driver = UpdateCellDriver(cell)
+    expected = run(cell.policy, flags)
+    for flag, state in zip(flags, expected):
+        driver(Tensor(flag))
+        got = cell.get_state()
+        assert got == state
+        assert np.isfinite(got.scale) and min_scale <= got.scale <= float(np.finfo(np.float32).max)
+
+
+def _mindspore_trajectory(kwargs, flags):
+    reference = nn.DynamicLossScaleUpdateCell(**kwargs)
+    return UpdateCellDriver(reference, bind=False).run(flags)
+
+
+@pytest.mark.parametrize("kwargs, flags", [
+    (dict(loss_scale_value=2**24, scale_factor=2, scale_window=2000),
+     [bool(x) for x in np.random.RandomState(1).rand(4500) < 0.0004]),
+    (dict(loss_scale_value=2**12, scale_factor=2, scale_window=5),
+     [bool(x) for x in np.random.RandomState(2).rand(400) < 0.15]),
+    (dict(loss_scale_value=8, scale_factor=2, scale_window=1), [True] * 5 + [False] * 5 + [True, False] * 10),
+])
+def test_equals_mindspore_cell_on_ordinary_sequences(kwargs, flags):
+    ours = UpdateCellDriver(DynamicLossScaleUpdateCell(**kwargs)).run(flags)
+    assert ours == _mindspore_trajectory(kwargs, flags)
+    assert len(set(ours)) > 2  # the sequence exercised growth and backoff
+
+
+def test_mindspore_cell_grows_to_inf_and_ours_does_not():
+    kwargs = dict(loss_scale_value=2.0**127, scale_factor=2, scale_window=1)
+    assert np.isinf(_mindspore_trajectory(kwargs, [False])[-1])
+    assert UpdateCellDriver(DynamicLossScaleUpdateCell(**kwargs)).run([False, False]) == [2.0**127, 2.0**127]
+
+
+def test_scale_parameter_of_shape_one():
+    cell = DynamicLossScaleUpdateCell(16.0, 2, 1)
+
+    class Driver(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.cell = cell
+            self.scale = Parameter(Tensor([16.0], mstype.float32), name="scale")
+            cell.bind_scale_parameter(self.scale)
+
+        def construct(self, overflow):
+            return self.cell(self.scale, overflow)
+
+    driver = Driver()
+    driver(Tensor(False))
+    driver(Tensor(True))
+    driver(Tensor(True))
+    assert driver.scale.shape == (1,) and driver.scale.asnumpy().tolist() == [8.0]
+    assert cell.get_loss_scale() == 8.0
+
+
+def test_get_loss_scale_reads_the_device_once_bound():
+    cell = DynamicLossScaleUpdateCell(2.0**10, 2, 1)
+    assert cell.get_loss_scale() == 1024.0  # before binding: the initial value, like MindSpore
+    driver = UpdateCellDriver(cell)
+    driver.run([False, False])
+    assert cell.get_loss_scale() == 4096.0
+
+
+def test_state_dict_round_trip_and_validation():
+    source = UpdateCellDriver(DynamicLossScaleUpdateCell(2.0**10, 2, 5, hysteresis=3))
+    source.run([False, False, True])
+    saved = source.update_cell.state_dict()
+    assert saved == {"loss_scale": 1024.0, "good_steps": 0, "hysteresis_left": 2}
+    target = UpdateCellDriver(DynamicLossScaleUpdateCell(2.0**10, 2, 5, hysteresis=3))
+    target.update_cell.load_state_dict(saved)
+    flags = [True, False, False, True, True, False]
+    assert target.run(flags) == source.run(flags)
+    before = target.update_cell.state_dict()
+    with pytest.raises(ValueError, match="state.good_steps"):
+        target.update_cell.load_state_dict(dict(before, good_steps=5))
+    assert target.update_cell.state_dict() == before
+
+
+def test_counters_do_not_grow_without_bound():
+    driver = UpdateCellDriver(DynamicLossScaleUpdateCell(1.0, 2, 3, max_loss_scale=2.0))
+    driver.run([False] * 50)
+    assert driver.update_cell.get_state() == LossScaleState(scale=2.0, good_steps=50 % 3, hysteresis_left=1)
+
+
+def test_fixed_cell_passes_the_flag_and_keeps_the_scale():
+    driver = UpdateCellDriver(FixedLossScaleUpdateCell(128.0))
+    for flag in (True, False, True):
+        assert bool(driver(Tensor(flag)).asnumpy()) == flag
+    assert float(driver.scale.asnumpy()) == 128.0
+    assert driver.update_cell.state_dict() == {"loss_scale": 128.0}
+    with pytest.raises(ValueError, match="loss_scale"):
+        driver.update_cell.load_state_dict({"loss_scale": 64.0})
+
+
+@pytest.mark.parametrize("kwargs, error, argument", [
+    (dict(loss_scale_value=2.0**10, scale_factor=0.5, scale_window=10), ValueError, "'scale_factor'.*0.5"),
+    (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=0), ValueError, "'scale_window'.*0"),
+    (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=3.0), TypeError, "'scale_window'.*3.0"),
+    (dict(loss_scale_value=float("inf"), scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*inf"),
+    (dict(loss_scale_value=0.5, scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*0.5"),
+    (dict(loss_scale_value=8, scale_factor=2, scale_window=1, max_loss_scale=4), ValueError, "'loss_scale_value'"),
+    (dict(loss_scale_value=8, scale_factor=2, scale_window=1, min_loss_scale=-2), ValueError, "'min_loss_scale'"),
+])
+def test_dynamic_cell_rejects_bad_arguments(kwargs, error, argument):
+    with pytest.raises(error, match=argument):
+        DynamicLossScaleUpdateCell(**kwargs)
+
+
+def test_fixed_cell_rejects_non_positive_scale():
+    with pytest.raises(ValueError, match="loss_scale_value"):
+        FixedLossScaleUpdateCell(0.0)
