@@ -63,8 +63,7 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
 
     Example:
         >>> import mindspore as ms
-        >>> from mindspore import Tensor, nn
-from mindspore.common import dtype as mstype
+        >>> from mindspore import nn
         >>> from lossscale import DynamicLossScaleManager, build_train_network
         >>> net = nn.Dense(4, 2)
         >>> opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
@@ -97,8 +96,7 @@ class Model(_MindSporeModel):
     step, which for our managers refreshes the host mirror from the device.
 
     Example:
-        >>> from mindspore import Tensor, nn
-from mindspore.common import dtype as mstype
+        >>> from mindspore import nn
         >>> from lossscale import DynamicLossScaleManager, Model
         >>> net = nn.Dense(4, 2)
         >>> opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)

@@ -11,7 +11,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
 class UpdateCellDriver(nn.Cell):

@@ -1,0 +1,158 @@
+"""lossscale.Model and build_train_network on CPU; compatibility with MindSpore's own classes."""
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+from mindspore.train import Accuracy, Callback, LossMonitor
+
+from lossscale import (
+    DynamicLossScaleManager,
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleManager,
+    Model,
+    TrainOneStepWithLossScaleCell,
+    build_train_network,
+)
+from lossscale.policy import run
+from nets import regression_net, snapshot
+
+BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch
+
+
+def _classification_data():
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 8).astype(np.float32)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int32)
+    return x, y
+
+
+def _dataset(x, y):
+    return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(8)
+
+
+class StepRecorder(Callback):
+    """Records (overflow, scale) from the train network's outputs after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_step_end(self, run_context):
+        outputs = run_context.original_args().net_outputs
+        self.rows.append((bool(outputs[1].asnumpy()), float(outputs[2].asnumpy())))
+
+
+def _loss_fn():
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+@pytest.mark.parametrize("amp_level", ["O0", "O2"])
+def test_model_trains_on_cpu_with_dynamic_scaling_and_an_overflowing_batch(amp_level, capsys):
+    x, y = _classification_data()
+    x_bad = x.copy()
+    x_bad[BAD_ROW, 3] = np.inf
+    net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc": Accuracy()},
+                  amp_level=amp_level, loss_scale_manager=manager)
+    assert isinstance(model.train_network, TrainOneStepWithLossScaleCell)
+    recorder = StepRecorder()
+    model.train(2, _dataset(x_bad, y), callbacks=[LossMonitor(8), recorder])
+
+    flags = [overflow for overflow, _ in recorder.rows]
+    assert flags == [step % 8 == 2 for step in range(16)]
+    assert [scale for _, scale in recorder.rows] == [s.scale for s in run(manager.policy, flags)]
+    assert manager.get_loss_scale() == recorder.rows[-1][1] == model.train_network.get_loss_scale()
+    assert "loss is" in capsys.readouterr().out
+    assert model.eval(_dataset(x, y))["acc"] >= 0.9
+
+
+def test_model_skipped_batches_match_a_model_that_never_saw_them():
+    x, y = _classification_data()
+    x_bad = x.copy()
+    x_bad[BAD_ROW, 3] = np.inf
+    keep = np.ones(64, bool)
+    keep[16:24] = False  # the batch holding BAD_ROW
+
+    def train(data_x, data_y, manager):
+        net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+        Model(net, _loss_fn(), nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=manager).train(
+            1, _dataset(data_x, data_y))
+        return snapshot(net)
+
+    scaled = train(x_bad, y, DynamicLossScaleManager(init_loss_scale=2**8, scale_window=1000))
+    control = train(x[keep], y[keep], FixedLossScaleManager(1.0, drop_overflow_update=False))
+    for name, value in control.items():
+        np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_mindspore_model_refuses_dynamic_scaling_on_cpu_but_accepts_our_manager_type():
+    net = nn.Dense(8, 2)
+    with pytest.raises(ValueError, match="supported on device `CPU`"):
+        ms.train.Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                       loss_scale_manager=DynamicLossScaleManager())
+
+
+class _CpuMindSporeCell(nn.TrainOneStepWithLossScaleCell):
+    """MindSpore's own train cell with a CPU overflow check, to exercise our update cell's contract."""
+
+    def get_overflow_status(self, status, compute_output):
+        flags = [ops.logical_not(ops.isfinite(g).all()) for g in compute_output]
+        return ops.stack(flags).any()
+
+
+def test_our_update_cell_drives_mindspore_own_train_cell():
+    manager = DynamicLossScaleManager(init_loss_scale=2**6, scale_window=2, hysteresis=2)
+    net = regression_net()
+    step = _CpuMindSporeCell(net, nn.SGD(net.trainable_params(), 0.01), manager.get_update_cell())
+    rng = np.random.RandomState(5)
+    flags = [False, True, True, False, False, False, True, False]
+    for flag in flags:
+        x = rng.randn(4, 6).astype(np.float32)
+        if flag:
+            x[0, 0] = np.inf
+        _, overflow, _ = step(Tensor(x), Tensor(rng.randn(4, 3).astype(np.float32)))
+        assert bool(overflow.asnumpy()) == flag
+    assert float(step.scale_sense.asnumpy()) == run(manager.policy, flags)[-1].scale
+
+
+@pytest.mark.parametrize("level, manager, expected_type", [
+    ("O0", None, nn.TrainOneStepCell),
+    ("O2", None, TrainOneStepWithLossScaleCell),
+    ("O3", DynamicLossScaleManager(), TrainOneStepWithLossScaleCell),
+    ("O0", FixedLossScaleManager(), TrainOneStepWithLossScaleCell),
+])
+def test_build_train_network_levels(level, manager, expected_type):
+    net = nn.Dense(8, 2)
+    kwargs = {} if manager is None else {"loss_scale_manager": manager}
+    train_net = build_train_network(net, nn.SGD(net.trainable_params(), 0.1), _loss_fn(), level=level, **kwargs)
+    assert type(train_net) is expected_type
+    if level == "O2" and manager is None:
+        assert train_net.get_loss_scale() == 2**24  # MindSpore's O2 default manager
+    x, y = _classification_data()
+    outputs = train_net(Tensor(x[:8]), Tensor(y[:8]))
+    loss = outputs[0] if isinstance(outputs, tuple) else outputs
+    assert np.isfinite(loss.asnumpy())
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(level="O4"), ValueError, "'level'.*'O4'"),
+    (dict(level="O0", boost=True), ValueError, "'boost'"),
+    (dict(loss_scale_manager="dynamic"), TypeError, "'loss_scale_manager'.*str"),
+])
+def test_build_train_network_bad_arguments(kwargs, error, pattern):
+    net = nn.Dense(8, 2)
+    with pytest.raises(error, match=pattern):
+        build_train_network(net, nn.SGD(net.trainable_params(), 0.1), _loss_fn(), **kwargs)
+
+
+def test_build_train_network_rejects_a_non_optimizer():
+    with pytest.raises(TypeError, match="'optimizer'"):
+        build_train_network(nn.Dense(8, 2), "sgd")
+
+
+def test_model_without_manager_is_mindspore_default():
+    net = nn.Dense(8, 2)
+    model = Model(net, _loss_fn(), nn.SGD(net.trainable_params(), 0.1))
+    assert type(model.train_network) is nn.TrainOneStepCell

@@ -1,0 +1,76 @@
+"""Overflow detection: backend selection (pure) and what each branch builds on CPU."""
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from lossscale import TrainOneStepWithLossScaleCell, choose_overflow_check
+from lossscale.overflow import nonfinite_indicator
+from nets import regression_net
+
+SELECTION = [
+    # device target, MS_ASCEND_CHECK_OVERFLOW_MODE, SoC saturation-only (910A), expected check
+    ("CPU", None, False, "isfinite"),
+    ("CPU", "SATURATION_MODE", False, "isfinite"),
+    ("GPU", None, False, "float_status"),
+    ("Ascend", None, True, "ascend_saturation"),
+    ("Ascend", "INFNAN_MODE", True, "ascend_saturation"),
+    ("Ascend", "SATURATION_MODE", False, "ascend_saturation"),
+    ("Ascend", "INFNAN_MODE", False, "ascend_allfinite"),
+    ("Ascend", None, False, "ascend_allfinite"),
+]
+
+
+@pytest.mark.parametrize("device_target, mode, saturation_only, expected", SELECTION)
+def test_choose_overflow_check(device_target, mode, saturation_only, expected):
+    assert choose_overflow_check(device_target, mode, saturation_only) == expected
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (("TPU",), "'device_target'.*'TPU'"),
+    (("Ascend", "FAST_MODE"), "'ascend_mode'.*'FAST_MODE'"),
+])
+def test_choose_overflow_check_rejects_unknown_values(args, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        choose_overflow_check(*args)
+
+
+def test_default_check_on_this_cpu_machine():
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(4.0))
+    assert step.overflow_check == "isfinite"
+
+
+class _Indicator(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads):
+        return nonfinite_indicator(self.hyper_map, grads)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan])
+def test_indicator_is_exact(dtype, bad):
+    largest = np.finfo(dtype).max
+    grads = [np.full((64, 33), largest, dtype), np.full((7,), -largest, dtype), np.zeros((2, 3, 4), dtype)]
+    if bad is not None:
+        grads[1][3] = bad
+    value = float(_Indicator()(tuple(Tensor(g) for g in grads)).asnumpy())
+    # Huge finite values never give a false overflow (a plain sum would reach inf).
+    assert np.isfinite(value) == (bad is None)
+
+
+@pytest.mark.parametrize("check, op", [
+    ("float_status", "FloatStatus"),
+    ("ascend_saturation", "NPUClearFloatStatusV2"),
+    ("ascend_allfinite", "AllFinite"),
+])
+def test_gpu_and_ascend_branches_build_their_backend_op(check, op):
+    """The branch compiles through type inference; CPU kernel selection then rejects exactly its op."""
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(4.0, mstype.float32),
+                                         overflow_check=check)
+    with pytest.raises(RuntimeError, match=rf"Unsupported op \[{op}\] on CPU"):
+        step(Tensor(np.ones((4, 6), np.float32)), Tensor(np.ones((4, 3), np.float32)))
