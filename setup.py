@@ -9,12 +9,15 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["lossscale", "lossscale.*", "models", "models.*"]),
+    package_data={"models": ["data/*.csv.gz", "data/*.md", "data/*.txt"]},
     install_requires=[
         "mindspore>=2.3,<2.12",
         "numpy>=1.21,<2",
+        "tqdm>=4.40",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "plot": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["lossscale=lossscale.__main__:main"]},
     license="Apache-2.0",

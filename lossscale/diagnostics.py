@@ -1,0 +1,96 @@
+"""Gradient diagnostics: what float16 does to a model's gradients at a given loss scale.
+
+Used by ``python -m lossscale compare`` (underflow column) and ``inspect``
+(histogram against the float16 range). Everything here syncs the host: it is
+for analysis, not for the training hot path.
+"""
+import math
+
+import numpy as np
+from mindspore import ParameterTuple, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+FP16_MAX = 65504.0
+FP16_MIN_NORMAL = 2.0**-14
+FP16_MIN_SUBNORMAL = 2.0**-24
+
+
+class GradientProbe(nn.Cell):
+    """Gradients of a network-with-loss w.r.t. its trainable weights, for a given loss scale.
+
+    ``probe(*inputs, scale)`` back-propagates ``loss * scale`` (sens in the loss
+    dtype, as the train cell does) and returns the raw scaled gradients; divide by
+    the scale on the host (:func:`unscaled_gradients`).
+
+    Example:
+        >>> import numpy as np
+        >>> from mindspore import Tensor, nn
+        >>> probe = GradientProbe(nn.WithLossCell(nn.Dense(3, 1, weight_init="ones"), nn.MSELoss()))
+        >>> grads = unscaled_gradients(probe, (Tensor(np.ones((1, 3), np.float32)), Tensor(np.zeros((1, 1), np.float32))), 8.0)
+        >>> [g.shape for g in grads]
+        [(1, 3), (1,)]
+    """
+
+    def __init__(self, network_with_loss):
+        super().__init__(auto_prefix=False)
+        self.network = network_with_loss
+        self.weights = ParameterTuple(network_with_loss.trainable_params())
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    def construct(self, *inputs_and_scale):
+        inputs = inputs_and_scale[:-1]
+        scale = inputs_and_scale[-1]
+        loss = self.network(*inputs)
+        sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
+        return self.grad(self.network, self.weights)(*inputs, sens)
+
+
+def unscaled_gradients(probe, inputs, scale):
+    """Run ``probe`` at ``scale`` and return float64 numpy gradients divided by the scale."""
+    grads = probe(*inputs, Tensor(scale, mstype.float32))
+    return [g.asnumpy().astype(np.float64) / scale for g in grads]
+
+
+def lost_fraction(reference, candidate):
+    """Fraction of elements nonzero in ``reference`` (fp32 gradients) but zero in ``candidate``.
+
+    Example:
+        >>> lost_fraction([np.array([1.0, 2.0, 0.0])], [np.array([0.0, 2.0, 0.0])])
+        0.5
+    """
+    nonzero = sum(int(np.count_nonzero(r)) for r in reference)
+    lost = sum(int(np.count_nonzero((r != 0) & (c == 0))) for r, c in zip(reference, candidate))
+    return lost / nonzero if nonzero else 0.0
+
+
+def magnitude_report(grads, scale):
+    """Where ``|g| * scale`` falls in float16 for the nonzero elements of ``grads`` (fp32 reference values).
+
+    Returns a dict with the fractions ``flushed`` (rounds to 0: below half the
+    smallest subnormal), ``subnormal`` (kept with reduced precision), ``normal``,
+    ``overflow`` (above 65504), and ``largest_safe_scale``: the largest power of
+    two for which the largest gradient stays finite in float16.
+
+    Example:
+        >>> r = magnitude_report([np.array([2.0**-30, 1.0])], scale=1.0)
+        >>> r["flushed"], r["normal"], r["largest_safe_scale"]
+        (0.5, 0.5, 32768.0)
+    """
+    values = np.abs(np.concatenate([np.ravel(g) for g in grads]))
+    values = values[values > 0]
+    if not values.size:
+        return {"flushed": 0.0, "subnormal": 0.0, "normal": 0.0, "overflow": 0.0, "largest_safe_scale": None,
+                "count": 0}
+    scaled = values * scale
+    flushed = scaled < FP16_MIN_SUBNORMAL / 2
+    subnormal = (scaled >= FP16_MIN_SUBNORMAL / 2) & (scaled < FP16_MIN_NORMAL)
+    overflow = scaled > FP16_MAX
+    exponent = math.floor(math.log2(FP16_MAX / values.max()))
+    return {
+        "flushed": float(flushed.mean()),
+        "subnormal": float(subnormal.mean()),
+        "normal": float((~flushed & ~subnormal & ~overflow).mean()),
+        "overflow": float(overflow.mean()),
+        "largest_safe_scale": 2.0**exponent,
+        "count": int(values.size),
+    }

@@ -1,0 +1,98 @@
+"""PNG plots for the CLI. matplotlib is optional (``pip install "lossscale[plot]"``).
+
+Each function returns the path written, or raises :class:`PlotUnavailable` with
+a one-line explanation when matplotlib is missing.
+"""
+import math
+
+from lossscale.diagnostics import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _pyplot():
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        raise PlotUnavailable("matplotlib is not installed; no PNG written "
+                              "(pip install \"lossscale[plot]\" to get plots)") from error
+    return plt
+
+
+def _draw_scale(axis, records, label=None, color=None):
+    steps = [r["step"] for r in records]
+    axis.step(steps, [r["loss_scale"] for r in records], where="post", label=label, color=color)
+    skipped = [r for r in records if r["overflow"]]
+    if skipped:
+        axis.plot([r["step"] for r in skipped], [r["loss_scale"] for r in skipped], "x", color=color or "red",
+                  markersize=4, label=None if label else "overflow (step skipped)")
+    axis.set_yscale("log", base=2)
+    axis.set_ylabel("loss scale")
+
+
+def plot_training(records, path, title):
+    """Loss (top) and loss scale with skipped steps marked (bottom) over training steps."""
+    plt = _pyplot()
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
+    finite = [r for r in records if math.isfinite(r["loss"])]
+    top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8)
+    top.set_yscale("log")
+    top.set_ylabel("training loss")
+    top.set_title(title)
+    _draw_scale(bottom, records)
+    bottom.set_xlabel("step")
+    bottom.legend(loc="best")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_comparison(runs, path, title):
+    """Training loss of every run (top) and the loss scale of the scaled runs (bottom).
+
+    ``runs`` maps a label to that run's monitor records.
+    """
+    plt = _pyplot()
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 7))
+    for label, records in runs.items():
+        finite = [r for r in records if math.isfinite(r["loss"])]
+        top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label)
+        if len({r["loss_scale"] for r in records}) > 1 or records and records[0]["loss_scale"] != 1.0:
+            _draw_scale(bottom, records, label=label)
+    top.set_yscale("log")
+    top.set_ylabel("training loss")
+    top.set_title(title)
+    top.legend(loc="best")
+    bottom.set_xlabel("step")
+    bottom.legend(loc="best")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_histogram(log2_magnitudes, scale, path, title):
+    """Histogram of log2|gradient| shifted by log2(scale), against the float16 range."""
+    plt = _pyplot()
+    shift = math.log2(scale)
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    axis.hist([v + shift for v in log2_magnitudes], bins=120, color="tab:blue", alpha=0.8)
+    axis.axvspan(min(min(log2_magnitudes) + shift, -40), math.log2(FP16_MIN_SUBNORMAL) - 1, color="red",
+                 alpha=0.12, label="flushed to zero in fp16")
+    axis.axvspan(math.log2(FP16_MIN_SUBNORMAL) - 1, math.log2(FP16_MIN_NORMAL), color="orange", alpha=0.12,
+                 label="fp16 subnormal (precision lost)")
+    axis.axvline(math.log2(FP16_MAX), color="black", linestyle="--", label="fp16 max (65504)")
+    axis.set_xlabel(f"log2 |gradient x scale|   (scale = 2^{shift:g})")
+    axis.set_ylabel("elements")
+    axis.set_title(title)
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
