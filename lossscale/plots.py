@@ -60,11 +60,12 @@ def plot_comparison(runs, path, title):
     """
     plt = _pyplot()
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 7))
-    for label, records in runs.items():
+    for index, (label, records) in enumerate(runs.items()):
+        color = f"C{index}"
         finite = [r for r in records if math.isfinite(r["loss"])]
-        top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label)
+        top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label, color=color)
         if len({r["loss_scale"] for r in records}) > 1 or records and records[0]["loss_scale"] != 1.0:
-            _draw_scale(bottom, records, label=label)
+            _draw_scale(bottom, records, label=label, color=color)
     top.set_yscale("log")
     top.set_ylabel("training loss")
     top.set_title(title)
