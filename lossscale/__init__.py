@@ -7,10 +7,13 @@ Layers (see docs/design.md):
 - :mod:`lossscale.managers`: MindSpore-style managers that produce update cells;
 - :mod:`lossscale.overflow`: overflow detection per backend;
 - :mod:`lossscale.train_cell`: the one-graph training step;
-- :mod:`lossscale.integration`: ``build_train_network`` and ``Model``.
+- :mod:`lossscale.integration`: ``build_train_network`` and ``Model``;
+- :mod:`lossscale.monitor`: the ``LossScaleMonitor`` callback;
+- :mod:`lossscale.diagnostics`, :mod:`lossscale.plots`, :mod:`lossscale.cli`: the command line.
 """
 from lossscale.integration import Model, build_train_network
 from lossscale.managers import DynamicLossScaleManager, FixedLossScaleManager
+from lossscale.monitor import LossScaleMonitor
 from lossscale.overflow import choose_overflow_check
 from lossscale.policy import LossScalePolicy, LossScaleState
 from lossscale.train_cell import TrainOneStepWithLossScaleCell
@@ -23,6 +26,7 @@ __all__ = [
     "DynamicLossScaleUpdateCell",
     "FixedLossScaleManager",
     "FixedLossScaleUpdateCell",
+    "LossScaleMonitor",
     "LossScalePolicy",
     "LossScaleState",
     "Model",

@@ -126,6 +126,11 @@ class LossScaleState:
             always in ``[0, growth_interval)``, so it never overflows int32.
         hysteresis_left: overflows that still must happen before the next backoff,
             counting the one that backs off; in ``[1, hysteresis]``.
+
+    Example:
+        >>> policy = LossScalePolicy(init_scale=64.0, hysteresis=2)
+        >>> update(policy, LossScaleState(scale=64.0, hysteresis_left=2), overflow=True)
+        LossScaleState(scale=64.0, good_steps=0, hysteresis_left=1)
     """
 
     scale: float

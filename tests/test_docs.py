@@ -1,0 +1,35 @@
+"""The documentation's runnable examples run, and the README starts with the two promised commands."""
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_quickstart_model_example_runs(tmp_path, monkeypatch, capsys):
+    block = re.findall(r"```python\n(.*?)```", _read("docs", "quickstart.md"), re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "quickstart.md", "exec"), {})  # pylint: disable=exec-used
+    out = capsys.readouterr().out
+    assert "'acc':" in out and (tmp_path / "steps.csv").exists()
+
+
+def test_readme_starts_with_install_and_run_commands():
+    first_block = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)[0].splitlines()
+    assert first_block[0].startswith('pip install -e ".[plot]" && python -m lossscale train')
+    assert first_block[1].startswith('pip install -e ".[test]" && python -m pytest')
+    ci = _read(".ci", "run")
+    assert 'pip install -q -e ".[test]"' in ci and "python -m pytest" in ci
+
+
+def test_every_public_name_is_documented():
+    import lossscale
+
+    api = _read("docs", "api.md")
+    for name in lossscale.__all__:
+        assert f"`{name}" in api or f"### `{name}(" in api, name
+        assert getattr(lossscale, name).__doc__ and ">>>" in getattr(lossscale, name).__doc__, name
