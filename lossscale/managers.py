@@ -148,7 +148,7 @@ class DynamicLossScaleManager(LossScaleManager):
         """
         state = self.get_state()
         cell = DynamicLossScaleUpdateCell(
-            state.scale, self.scale_factor, self.scale_window, backoff_factor=self.policy.backoff_factor,
+            self.policy.init_scale, self.scale_factor, self.scale_window, backoff_factor=self.policy.backoff_factor,
             hysteresis=self.policy.hysteresis, consecutive_hysteresis=self.policy.consecutive_hysteresis,
             min_loss_scale=self.policy.min_scale, max_loss_scale=self.policy.max_scale)
         cell.set_state(state)

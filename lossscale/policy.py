@@ -104,10 +104,12 @@ class LossScalePolicy:
         check_bool("consecutive_hysteresis", self.consecutive_hysteresis)
         min_scale = check_finite_in_range("min_scale", self.min_scale, low=0.0)
         set_field("min_scale", min_scale)
+        # A scale must be positive: with no floor (min_scale == 0) the lower bound is exclusive.
+        floor = dict(low=min_scale, low_inclusive=min_scale > 0)
         max_scale = FLOAT32_MAX if self.max_scale is None else self.max_scale
-        max_scale = check_finite_in_range("max_scale", max_scale, low=max(min_scale, 1e-45))
+        max_scale = check_finite_in_range("max_scale", max_scale, **floor)
         set_field("max_scale", None if self.max_scale is None else max_scale)
-        init = check_finite_in_range("init_scale", self.init_scale, low=max(min_scale, 1e-45), high=max_scale)
+        init = check_finite_in_range("init_scale", self.init_scale, high=max_scale, **floor)
         set_field("init_scale", init)
 
     @property

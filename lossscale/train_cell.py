@@ -27,6 +27,7 @@ from mindspore.ops.operations.nn_ops import AllFinite
 
 from lossscale._validation import check_bool
 from lossscale import overflow as _overflow
+from lossscale.update_cells import FixedLossScaleUpdateCell
 
 
 def _scale_parameter(scale_sense):
@@ -121,7 +122,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         optimizer_scale = float(getattr(optimizer, "loss_scale", 1.0))
         if optimizer_scale == 1.0:
             return False
-        fixed = self.loss_scaling_manager is None or not hasattr(self.loss_scaling_manager, "policy")
+        fixed = self.loss_scaling_manager is None or isinstance(
+            self.loss_scaling_manager, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell))
         if fixed and optimizer_scale == float(self.scale_sense.asnumpy().reshape(-1)[0]):
             return True
         raise ValueError(

@@ -84,7 +84,9 @@ def test_update_cells_are_ours_with_the_manager_policy():
 def test_manager_mirrors_the_device_once_its_cell_is_in_use():
     manager = DynamicLossScaleManager(2**10, 2, 2)
     manager.update_loss_scale(True)  # host-only step before training: 512
-    driver = UpdateCellDriver(manager.get_update_cell())  # the cell starts from the host state
+    cell = manager.get_update_cell()
+    assert cell.policy == manager.policy and cell.get_loss_scale() == 512.0  # starts from the host state
+    driver = UpdateCellDriver(cell)
     assert manager.get_loss_scale() == 512.0
     driver.run([False, False, False])
     assert manager.get_loss_scale() == 1024.0

@@ -66,3 +66,20 @@ def test_models_give_logits_for_their_layout(name):
 def test_unknown_model():
     with pytest.raises(ValueError, match="'model'.*'vgg'"):
         create_model("vgg")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_train_a_step_in_fp16_with_dynamic_scaling(name):
+    from mindspore import nn
+
+    from lossscale import DynamicLossScaleManager, build_train_network
+
+    net = create_model(name)
+    images, labels = load_digits()
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    step = build_train_network(net, nn.Adam(net.trainable_params(), 1e-3),
+                               nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), level="O3",
+                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10))
+    loss, overflow, _ = step(Tensor(to_layout(images[:8], net.input_layout)), Tensor(labels[:8]))
+    assert np.isfinite(loss.asnumpy()) and not bool(overflow.asnumpy())
+    assert any(not np.array_equal(before[p.name], p.asnumpy()) for p in net.trainable_params())
