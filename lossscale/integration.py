@@ -20,6 +20,9 @@ from lossscale.train_cell import TrainOneStepWithLossScaleCell
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
+# Keyword arguments passed through to TrainOneStepWithLossScaleCell.
+TRAIN_CELL_OPTIONS = ("clip_global_norm", "accumulation_steps", "overflow_policy", "max_consecutive_overflows",
+                      "debug_overflow", "overflow_check")
 
 
 def _check_build_arguments(optimizer, level, kwargs):
@@ -28,8 +31,8 @@ def _check_build_arguments(optimizer, level, kwargs):
     if level not in AMP_LEVELS:
         raise ValueError(f"'level' must be one of {AMP_LEVELS}, but got {level!r}.")
     for key in kwargs:
-        if key not in _KWARGS:
-            raise ValueError(f"Unsupported keyword argument {key!r}; allowed: {_KWARGS}.")
+        if key not in _KWARGS + TRAIN_CELL_OPTIONS:
+            raise ValueError(f"Unsupported keyword argument {key!r}; allowed: {_KWARGS + TRAIN_CELL_OPTIONS}.")
     manager = kwargs.get("loss_scale_manager")
     if manager is not None and not isinstance(manager, LossScaleManager):
         raise TypeError(f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, "
@@ -50,6 +53,10 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
 
     Same arguments as ``mindspore.amp.build_train_network`` (without ``boost_level``).
     ``level='O2'`` defaults to ``lossscale.DynamicLossScaleManager()`` like MindSpore.
+    The keyword arguments in :data:`TRAIN_CELL_OPTIONS` (``clip_global_norm``,
+    ``accumulation_steps``, ``overflow_policy``, ``max_consecutive_overflows``,
+    ``debug_overflow``, ``overflow_check``) go to :class:`TrainOneStepWithLossScaleCell`;
+    without a loss-scale manager they select it with a fixed scale of 1.
 
     Returns:
         - with a manager whose ``get_update_cell()`` is a Cell: our
@@ -73,17 +80,18 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
         'TrainOneStepWithLossScaleCell'
     """
     _check_build_arguments(optimizer, level, kwargs)
+    options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
     if level == "O2" and "loss_scale_manager" not in kwargs:
         kwargs["loss_scale_manager"] = DynamicLossScaleManager()
     network, manager = _mixed_precision_network(network, loss_fn, level, kwargs)
-    if manager is None:
+    if manager is None and not options:
         return nn.TrainOneStepCell(network, optimizer).set_train()
-    update_cell = manager.get_update_cell()
+    update_cell = None if manager is None else manager.get_update_cell()
     if update_cell is not None:
-        return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=update_cell).set_train()
-    fixed_scale = Tensor(float(manager.get_loss_scale()), mstype.float32)
-    return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=fixed_scale,
-                                         drop_overflow_update=False).set_train()
+        return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=update_cell, **options).set_train()
+    fixed_scale = Tensor(1.0 if manager is None else float(manager.get_loss_scale()), mstype.float32)
+    return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=fixed_scale, drop_overflow_update=False,
+                                         **options).set_train()
 
 
 class Model(_MindSporeModel):
@@ -91,6 +99,8 @@ class Model(_MindSporeModel):
 
     Works on every backend including CPU (where MindSpore's ``Model`` refuses dynamic
     loss scaling). Callbacks, ``LossMonitor``, ``eval`` and metrics are MindSpore's.
+    Extra keyword arguments: those of :data:`TRAIN_CELL_OPTIONS` (clipping,
+    accumulation, overflow policy, forensics), passed to the train cell.
     After (or during) training ``manager.get_loss_scale()`` reports the scale the
     device holds: ``Model`` calls ``manager.update_loss_scale(overflow)`` after every
     step, which for our managers refreshes the host mirror from the device.
@@ -105,11 +115,20 @@ class Model(_MindSporeModel):
         'TrainOneStepWithLossScaleCell'
     """
 
+    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
+                 amp_level="O0", boost_level="O0", **kwargs):
+        self._train_cell_options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
+        super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level,
+                         **kwargs)
+
     def _build_train_network(self):
         manager = self._loss_scale_manager if self._loss_scale_manager_set else None
-        if self._optimizer is None or self._boost_level != "O0" or (manager is None and self._amp_level != "O2"):
+        wanted = manager is not None or self._amp_level == "O2" or self._train_cell_options
+        if self._optimizer is None or self._boost_level != "O0" or not wanted:
             return super()._build_train_network()
-        kwargs = {} if manager is None else {"loss_scale_manager": manager}
+        kwargs = dict(self._train_cell_options)
+        if manager is not None:
+            kwargs["loss_scale_manager"] = manager
         if self._keep_bn_fp32 is not None:
             kwargs["keep_batchnorm_fp32"] = self._keep_bn_fp32
         network = build_train_network(self._network, self._optimizer, self._loss_fn, level=self._amp_level,

@@ -35,6 +35,8 @@ class LossScaleMonitor(Callback):
 
     Attributes:
         records (list[dict]): one dict per step with keys :data:`FIELDS`.
+        device_counters (dict or None): at the end of training, the train cell's in-graph
+            counters (:meth:`lossscale.TrainOneStepWithLossScaleCell.overflow_counters`).
 
     Host syncs: one per step (three scalars read together).
 
@@ -51,6 +53,7 @@ class LossScaleMonitor(Callback):
         self.print_summary = print_summary
         self.stream = stream
         self.records = []
+        self.device_counters = None
 
     # ---- recording -------------------------------------------------------------------------
     def record(self, epoch, loss, loss_scale, overflow):
@@ -70,6 +73,9 @@ class LossScaleMonitor(Callback):
         self.record(params.cur_epoch_num, loss, scale, overflow)
 
     def on_train_end(self, run_context):
+        train_network = getattr(run_context.original_args(), "train_network", None)
+        if hasattr(train_network, "overflow_counters"):
+            self.device_counters = train_network.overflow_counters()
         if self.csv_path:
             self.write_csv(self.csv_path)
         if self.print_summary:
@@ -98,9 +104,15 @@ class LossScaleMonitor(Callback):
         if not s["steps"]:
             return "loss scaling: no steps recorded"
         share = 100.0 * s["skipped_steps"] / s["steps"]
-        return (f"loss scaling: {s['steps']} steps, {s['skipped_steps']} skipped ({share:.1f}%) in "
+        text = (f"loss scaling: {s['steps']} steps, {s['skipped_steps']} skipped ({share:.1f}%) in "
                 f"{s['overflow_events']} overflow events; scale min {s['min_loss_scale']:g}, "
                 f"max {s['max_loss_scale']:g}, final {s['final_loss_scale']:g}")
+        if self.device_counters:
+            c = self.device_counters
+            text += (f"\ndevice counters: {c['steps']} optimizer steps, {c['skipped_steps']} skipped, "
+                     f"{c['consecutive_overflows']} consecutive overflows now, last overflow at step "
+                     f"{c['last_overflow_step'] or 'none'}")
+        return text
 
     def write_csv(self, path):
         """Write :attr:`records` as CSV with the columns :data:`FIELDS`."""

@@ -29,6 +29,16 @@ def snapshot(cell):
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
 
 
+def is_loss_scale_state(name):
+    """The train cell's own state: the scale, the update cell's and the train cell's counters."""
+    return name == "scale_sense" or name.startswith("loss_scale_")
+
+
+def training_state(cell):
+    """Weights and optimizer state only (what a skipped step must leave bit-identical)."""
+    return {name: value for name, value in snapshot(cell).items() if not is_loss_scale_state(name)}
+
+
 class Fp16SquareLoss(nn.Cell):
     """``loss = mean((x * w)^2)`` entirely in float16; overflows for |x| >= 256 when w = 1."""
 
@@ -75,5 +85,5 @@ class GradCapture(nn.Optimizer):
         return self.hyper_map(ops.assign, self.captured, grads)
 
 
-__all__ = ["regression_net", "regression_batches", "snapshot", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
+__all__ = ["regression_net", "regression_batches", "snapshot", "is_loss_scale_state", "training_state", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
            "GradCapture"]

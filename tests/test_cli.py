@@ -1,6 +1,7 @@
 """The command line: 1-epoch runs of train/compare/inspect, their files, and one-line errors with exit code 2."""
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -109,6 +110,7 @@ def test_console_script_and_module_entry_points():
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts.get("lossscale") == "lossscale.__main__:main"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-m", "lossscale", "train", "--help"], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=120, check=False, cwd=root, env=dict(os.environ, PYTHONPATH=root))
     assert done.returncode == 0 and "--loss-scale" in done.stdout

@@ -1,0 +1,390 @@
+"""Training-loop features of the train cell: clipping, accumulation, resume, overflow policy,
+counters, forensics, bad input, and property-based invariants."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from lossscale import (
+    DynamicLossScaleManager,
+    FixedLossScaleManager,
+    Model,
+    TrainOneStepWithLossScaleCell,
+    build_train_network,
+)
+from lossscale.policy import run
+from lossscale.train_cell import INT32_MAX, PersistentOverflowError
+from nets import GradCapture, LossPlusInput, regression_batches, regression_net, snapshot, training_state
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _poisoned(batch, value=np.inf):
+    x, y = batch
+    x = x.copy()
+    x[0, 0] = value
+    return x, y
+
+
+def _tensors(batch):
+    return tuple(Tensor(a) for a in batch)
+
+
+def _dynamic(**kwargs):
+    return DynamicLossScaleManager(**dict(dict(init_loss_scale=2**10, scale_window=1000), **kwargs))
+
+
+# ---- 1. clipping ---------------------------------------------------------------------------------
+
+def _captured(step, optimizer, batch):
+    step(*_tensors(batch))
+    return [g.asnumpy().copy() for g in optimizer.captured]
+
+
+def test_clipping_applies_to_the_unscaled_gradients():
+    batch = regression_batches(1)[0]
+    net = regression_net()
+    plain_opt = GradCapture(net.trainable_params())
+    true_grads = _captured(TrainOneStepWithLossScaleCell(net, plain_opt, Tensor(1.0)), plain_opt, batch)
+    true_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in true_grads))
+    clip = true_norm / 4
+    net = regression_net()
+    opt = GradCapture(net.trainable_params())
+    step = TrainOneStepWithLossScaleCell(net, opt, _dynamic(init_loss_scale=2**14).get_update_cell(),
+                                         clip_global_norm=clip)
+    clipped = _captured(step, opt, batch)
+    clipped_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in clipped))
+    assert clipped_norm == pytest.approx(clip, rel=1e-5)
+    for got, true in zip(clipped, true_grads):
+        np.testing.assert_allclose(got, true * (clip / true_norm), rtol=1e-5, atol=1e-9)
+
+
+def test_clipping_leaves_small_gradients_alone_and_matches_mindspore_clip():
+    batch = regression_batches(1)[0]
+    net = regression_net()
+    opt = GradCapture(net.trainable_params())
+    got = _captured(TrainOneStepWithLossScaleCell(net, opt, Tensor(64.0), clip_global_norm=1e6), opt, batch)
+    net = regression_net()
+    reference_opt = GradCapture(net.trainable_params())
+    reference = _captured(TrainOneStepWithLossScaleCell(net, reference_opt, Tensor(64.0)), reference_opt, batch)
+    for a, b in zip(got, reference):
+        np.testing.assert_array_equal(a, b)
+    expected = ops.clip_by_global_norm(tuple(Tensor(g) for g in reference), 0.1)
+    net = regression_net()
+    opt = GradCapture(net.trainable_params())
+    small = _captured(TrainOneStepWithLossScaleCell(net, opt, Tensor(64.0), clip_global_norm=0.1), opt, batch)
+    for a, b in zip(small, expected):
+        np.testing.assert_allclose(a, b.asnumpy(), rtol=1e-6)
+
+
+def test_non_finite_global_norm_is_an_overflow():
+    net = regression_net()
+    manager = _dynamic()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
+                                         clip_global_norm=1.0)
+    before = training_state(step)
+    for value in (np.inf, np.nan):
+        _, overflow, _ = step(*_tensors(_poisoned(regression_batches(1)[0], value)))
+        assert bool(overflow.asnumpy())
+    assert all(np.array_equal(v, training_state(step)[k]) for k, v in before.items())
+    assert manager.get_loss_scale() == 256.0
+
+
+def test_clipping_through_build_train_network_and_model():
+    net = regression_net()
+    step = build_train_network(net, nn.SGD(net.trainable_params(), 0.1), clip_global_norm=0.5)
+    assert isinstance(step, TrainOneStepWithLossScaleCell) and step.clip_global_norm == 0.5
+    assert step.get_loss_scale() == 1.0 and not step.drop_overflow_update
+    model_net = nn.Dense(6, 3)
+    model = Model(model_net, nn.MSELoss(), nn.SGD(model_net.trainable_params(), 0.1),
+                  loss_scale_manager=_dynamic(), clip_global_norm=2.0, accumulation_steps=2)
+    assert model.train_network.clip_global_norm == 2.0 and model.train_network.accumulation_steps == 2
+
+
+# ---- 2. accumulation ------------------------------------------------------------------------------
+
+def _big_batches(micro_batches, n):
+    return [tuple(np.concatenate(parts) for parts in zip(*micro_batches[i:i + n]))
+            for i in range(0, len(micro_batches), n)]
+
+
+@pytest.mark.parametrize("optimizer_factory", [
+    lambda net: nn.Momentum(net.trainable_params(), 0.05, 0.9),
+    lambda net: nn.Adam(net.trainable_params(), 0.01),
+], ids=["momentum", "adam"])
+def test_accumulation_equals_one_large_batch(optimizer_factory):
+    micro = regression_batches(12, batch=4)
+    control_net, accumulating_net = regression_net(), regression_net()
+    control = nn.TrainOneStepCell(control_net, optimizer_factory(control_net))
+    step = TrainOneStepWithLossScaleCell(accumulating_net, optimizer_factory(accumulating_net),
+                                         _dynamic(init_loss_scale=2**12).get_update_cell(), accumulation_steps=4)
+    for window, big in enumerate(_big_batches(micro, 4)):
+        control(*_tensors(big))
+        outputs = [step(*_tensors(b)) for b in micro[4 * window:4 * window + 4]]
+        assert [bool(o[1].asnumpy()) for o in outputs] == [False] * 4
+        for name, value in training_state(control).items():
+            np.testing.assert_allclose(training_state(step)[name], value, rtol=2e-5, atol=1e-7, err_msg=name)
+    assert step.overflow_counters()["steps"] == 3
+
+
+def test_overflowing_micro_batch_skips_the_whole_window():
+    micro = regression_batches(8, batch=4)
+    manager = _dynamic(scale_window=100)
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
+                                         accumulation_steps=4)
+    before = training_state(step)
+    outputs = [step(*_tensors(_poisoned(b) if i == 1 else b)) for i, b in enumerate(micro[:4])]
+    assert [bool(o[1].asnumpy()) for o in outputs] == [False, False, False, True]
+    assert [float(o[2].asnumpy()) for o in outputs] == [1024.0, 1024.0, 1024.0, 512.0]  # constant in a window
+    assert all(np.array_equal(v, training_state(step)[k]) for k, v in before.items())
+    assert all(not a.asnumpy().any() for a in step.accumulators)  # discarded
+    # The next window is unaffected: it equals a control step on its large batch.
+    control_net = regression_net()
+    control = nn.TrainOneStepCell(control_net, nn.SGD(control_net.trainable_params(), 0.1))
+    control(*_tensors(_big_batches(micro[4:], 4)[0]))
+    for b in micro[4:]:
+        step(*_tensors(b))
+    for name, value in training_state(control).items():
+        np.testing.assert_allclose(training_state(step)[name], value, rtol=2e-5, atol=1e-7, err_msg=name)
+    assert step.overflow_counters() == {"steps": 2, "skipped_steps": 1, "consecutive_overflows": 0,
+                                        "last_overflow_step": 1}
+
+
+# ---- 3. resume in a fresh process -------------------------------------------------------------------
+
+def test_resume_in_a_fresh_process_matches_an_uninterrupted_run(tmp_path):
+    worker = os.path.join(HERE, "resume_worker.py")
+    for mode in ("full", "first", "resume"):
+        done = subprocess.run([sys.executable, worker, mode, str(tmp_path)], capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    full, first, resumed = (json.loads((tmp_path / f"{m}.json").read_text()) for m in ("full", "first", "resume"))
+    assert first["flags"] + resumed["flags"] == full["flags"]
+    assert first["scales"] + resumed["scales"] == full["scales"]
+    assert resumed["counters"] == full["counters"] and full["counters"]["skipped_steps"] >= 3
+    expected, got = np.load(tmp_path / "full.npz"), np.load(tmp_path / "resume.npz")
+    assert sorted(expected.files) == sorted(got.files)
+    for name in expected.files:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_all_loss_scale_state_is_in_named_parameters():
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1),
+                                         _dynamic(hysteresis=2).get_update_cell(), accumulation_steps=2)
+    names = {p.name for p in step.get_parameters() if p.name == "scale_sense" or p.name.startswith("loss_scale_")}
+    assert {"scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left", "loss_scale_steps",
+            "loss_scale_skipped_steps", "loss_scale_consecutive_overflows", "loss_scale_last_overflow_step",
+            "loss_scale_micro_step", "loss_scale_window_overflow"} <= names
+
+
+# ---- 4. persistent-overflow policy ------------------------------------------------------------------
+
+def _policy_step(**kwargs):
+    net = regression_net()
+    manager = kwargs.pop("manager", _dynamic())
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
+                                         **kwargs)
+
+
+def test_raise_after_k_consecutive_overflows():
+    step = _policy_step(overflow_policy="raise", max_consecutive_overflows=3)
+    bad = _tensors(_poisoned(regression_batches(1)[0]))
+    step(*bad)
+    step(*_tensors(regression_batches(1)[0]))  # a clean step resets the run
+    step(*bad)
+    step(*bad)
+    with pytest.raises(PersistentOverflowError, match=r"step 5: 3 consecutive overflowing steps.*loss scale 128"):
+        step(*bad)
+
+
+def test_raise_when_an_overflow_hits_the_minimum_scale():
+    step = _policy_step(manager=_dynamic(init_loss_scale=4.0, min_loss_scale=1.0), overflow_policy="raise")
+    bad = _tensors(_poisoned(regression_batches(1)[0]))
+    for _ in range(2):
+        step(*bad)  # 4 -> 2 -> 1
+    assert step.get_loss_scale() == 1.0
+    with pytest.raises(PersistentOverflowError, match="already at its minimum 1.*debug_overflow=True"):
+        step(*bad)
+
+
+def test_warn_once_and_skip_never_complains():
+    step = _policy_step(overflow_policy="warn", max_consecutive_overflows=2)
+    bad = _tensors(_poisoned(regression_batches(1)[0]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            step(*bad)
+    assert [str(w.message).split(":")[0] for w in caught] == ["Persistent overflow at step 2"]
+    quiet = _policy_step(manager=_dynamic(init_loss_scale=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            quiet(*bad)
+    assert quiet.overflow_counters()["consecutive_overflows"] == 3
+
+
+def test_counters_saturate_instead_of_wrapping():
+    step = _policy_step()
+    for counter in (step.steps, step.skipped_steps, step.consecutive_overflows):
+        counter.set_data(Tensor(INT32_MAX - 1, mstype.int32))
+    bad = _tensors(_poisoned(regression_batches(1)[0]))
+    for _ in range(3):
+        step(*bad)
+    assert step.overflow_counters() == {"steps": INT32_MAX, "skipped_steps": INT32_MAX,
+                                        "consecutive_overflows": INT32_MAX, "last_overflow_step": INT32_MAX}
+
+
+# ---- 5. observability ---------------------------------------------------------------------------------
+
+def test_counters_follow_a_known_sequence():
+    step = _policy_step()
+    batches = regression_batches(7)
+    flags = [False, True, True, False, True, False, False]
+    for batch, flag in zip(batches, flags):
+        step(*_tensors(_poisoned(batch) if flag else batch))
+    assert step.overflow_counters() == {"steps": 7, "skipped_steps": 3, "consecutive_overflows": 0,
+                                        "last_overflow_step": 5}
+
+
+def test_monitor_reports_device_counters(capsys):
+    import mindspore.dataset as ds
+
+    from lossscale import LossScaleMonitor
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(16, 6).astype(np.float32)
+    x[5, 0] = np.inf
+    data = ds.NumpySlicesDataset({"x": x, "y": rng.randn(16, 3).astype(np.float32)}, shuffle=False).batch(4)
+    net = nn.Dense(6, 3)
+    monitor = LossScaleMonitor()
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01), loss_scale_manager=_dynamic()).train(
+        1, data, callbacks=[monitor])
+    assert monitor.device_counters == {"steps": 4, "skipped_steps": 1, "consecutive_overflows": 0,
+                                       "last_overflow_step": 2}
+    assert "device counters: 4 optimizer steps, 1 skipped" in capsys.readouterr().out
+
+
+# ---- 6. forensics ----------------------------------------------------------------------------------------
+
+class TwoInputs(nn.Cell):
+    """``loss = mean(a * x) + mean(b * z)``: d/da = x, d/db = z."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = Parameter(Tensor(np.ones(3, np.float32)), name="a")
+        self.b = Parameter(Tensor(np.ones(2, np.float32)), name="b")
+
+    def construct(self, x, z):
+        return ops.reduce_mean(self.a * x) + ops.reduce_mean(self.b * z)
+
+
+def test_forensics_names_the_parameters_and_the_loss(caplog):
+    net = TwoInputs()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
+                                         debug_overflow=True)
+    ones3, ones2 = Tensor(np.ones(3, np.float32)), Tensor(np.ones(2, np.float32))
+    with caplog.at_level(logging.WARNING, logger="lossscale"):
+        step(ones3, Tensor(np.array([1.0, np.nan], np.float32)))
+        step(ones3, ones2)
+        step(Tensor(np.array([np.inf, 1.0, 1.0], np.float32)), ones2)
+    assert step.overflow_reports == [
+        {"step": 1, "loss_nonfinite": True, "parameters": ["b"]},
+        {"step": 3, "loss_nonfinite": True, "parameters": ["a"]},
+    ]
+    assert "overflow at step 3: loss non-finite: True; non-finite gradients: a" in caplog.text
+
+
+def test_forensics_with_a_non_finite_loss_only():
+    net = LossPlusInput()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
+                                         debug_overflow=True)
+    step(Tensor(np.ones(3, np.float32)), Tensor(np.float32(np.inf)))
+    assert step.overflow_reports == [{"step": 1, "loss_nonfinite": True, "parameters": []}]
+
+
+def test_forensics_off_adds_no_state():
+    step = _policy_step()
+    assert not hasattr(step, "nonfinite_grads") and step.overflow_reports == []
+    assert not any("nonfinite" in p.name for p in step.get_parameters())
+
+
+# ---- 7. bad input -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(clip_global_norm=0.0), ValueError, "'clip_global_norm'.*0.0"),
+    (dict(clip_global_norm=float("inf")), ValueError, "'clip_global_norm'.*inf"),
+    (dict(clip_global_norm="1"), TypeError, "'clip_global_norm'"),
+    (dict(accumulation_steps=0), ValueError, r"'accumulation_steps'.*\[1, "),
+    (dict(accumulation_steps=2.0), TypeError, "'accumulation_steps'"),
+    (dict(overflow_policy="ignore"), ValueError, "'overflow_policy'.*'ignore'"),
+    (dict(max_consecutive_overflows=3), ValueError, "needs overflow_policy='warn' or 'raise'"),
+    (dict(overflow_policy="raise", max_consecutive_overflows=0), ValueError, "'max_consecutive_overflows'"),
+    (dict(debug_overflow="yes"), TypeError, "'debug_overflow'"),
+])
+def test_bad_feature_arguments(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        _policy_step(**kwargs)
+
+
+def test_build_train_network_rejects_unknown_keywords():
+    net = regression_net()
+    with pytest.raises(ValueError, match="'clip_norm'"):
+        build_train_network(net, nn.SGD(net.trainable_params(), 0.1), clip_norm=1.0)
+
+
+def test_overridden_get_overflow_status_is_honoured():
+    class AlwaysOverflow(TrainOneStepWithLossScaleCell):
+        def get_overflow_status(self, status, compute_output):
+            return ops.logical_not(ops.isfinite(Tensor(np.inf, mstype.float32)))
+
+    net = regression_net()
+    step = AlwaysOverflow(net, nn.SGD(net.trainable_params(), 0.1), FixedLossScaleManager(8.0).get_update_cell())
+    before = training_state(step)
+    assert bool(step(*_tensors(regression_batches(1)[0]))[1].asnumpy())
+    assert all(np.array_equal(v, training_state(step)[k]) for k, v in before.items())
+
+
+# ---- property-based invariants -----------------------------------------------------------------------------
+
+_PROPERTY_POLICY = dict(init_loss_scale=2**6, scale_factor=2, scale_window=2, hysteresis=2, min_loss_scale=2.0,
+                        max_loss_scale=2.0**8)
+
+
+@pytest.fixture(scope="module")
+def property_step():
+    net = regression_net()
+    manager = DynamicLossScaleManager(**_PROPERTY_POLICY)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05), manager.get_update_cell())
+    return step, manager, snapshot(step)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flags=st.lists(st.booleans(), min_size=1, max_size=25), bad=st.sampled_from([np.inf, -np.inf, np.nan]))
+def test_invariants_on_random_overflow_sequences(property_step, flags, bad):
+    step, manager, initial = property_step
+    for parameter in step.get_parameters():
+        parameter.set_data(Tensor(initial[parameter.name]))
+    batches = regression_batches(len(flags), seed=7)
+    expected = run(manager.policy, flags)
+    for batch, flag, state in zip(batches, flags, expected):
+        before = training_state(step)
+        _, overflow, scale = step(*_tensors(_poisoned(batch, bad) if flag else batch))
+        after = training_state(step)
+        assert bool(overflow.asnumpy()) == flag                       # skipped exactly when overflowing
+        unchanged = all(np.array_equal(before[k], after[k]) for k in before)
+        assert unchanged == flag                                      # weights move only on clean steps
+        scale = float(scale.asnumpy())
+        assert scale == state.scale and np.isfinite(scale)            # the policy, step for step
+        assert _PROPERTY_POLICY["min_loss_scale"] <= scale <= _PROPERTY_POLICY["max_loss_scale"]
+    assert step.overflow_counters()["skipped_steps"] == sum(flags)
