@@ -16,7 +16,7 @@ from lossscale.managers import DynamicLossScaleManager, FixedLossScaleManager
 from lossscale.monitor import LossScaleMonitor
 from lossscale.overflow import choose_overflow_check
 from lossscale.policy import LossScalePolicy, LossScaleState
-from lossscale.train_cell import TrainOneStepWithLossScaleCell
+from lossscale.train_cell import PersistentOverflowError, TrainOneStepWithLossScaleCell
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
 __version__ = "0.1.0"
@@ -30,6 +30,7 @@ __all__ = [
     "LossScalePolicy",
     "LossScaleState",
     "Model",
+    "PersistentOverflowError",
     "TrainOneStepWithLossScaleCell",
     "build_train_network",
     "choose_overflow_check",

@@ -95,7 +95,15 @@ def _tensor_nonfinite(grad):
 
 
 class PersistentOverflowError(RuntimeError):
-    """Raised by ``overflow_policy="raise"`` when overflows persist (see the train cell)."""
+    """Raised by ``overflow_policy="raise"`` when overflows persist (see the train cell).
+
+    The message gives the step, the reason (consecutive count or minimum scale), the
+    scale, the skipped-step count and what to try.
+
+    Example:
+        >>> issubclass(PersistentOverflowError, RuntimeError)
+        True
+    """
 
 
 def _scale_parameter(scale_sense):
