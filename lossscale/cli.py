@@ -139,6 +139,9 @@ def build_parser():
     train.add_argument("--loss-scale", default=DEFAULTS["loss_scale"], help="none, fixed:S or dynamic "
                        "(default: %(default)s)")
     train.add_argument("--output", default=None, help="output folder (default: runs/train-MODEL-PRECISION)")
+    train.add_argument("--workers", type=_positive_int, default=1,
+                       help="data-parallel processes on this machine, launched with msrun; --batch-size is "
+                            "per process (default: 1, no msrun)")
 
     compare = commands.add_parser("compare", help="fp32 vs fp16 without, with fixed and with dynamic scaling")
     _add_common_arguments(compare, "O3")
@@ -230,12 +233,13 @@ def _weighted_loss(loss_weight):
 
 
 def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6, batch_size=32, lr=1e-3, seed=0,
-                 scale_window=100, loss_weight=1.0, progress=True, print_summary=True):
+                 scale_window=100, loss_weight=1.0, progress=True, print_summary=True, shard=None):
     """Train one configuration on the digits data and return a result dict (also the CLI's engine).
 
     Keys: ``config``, ``records`` (per-step monitor rows), ``summary`` (monitor totals),
     ``test_accuracy``, ``final_loss``, ``seconds_per_step``, ``first_step_seconds``,
     ``model`` (the trained ``lossscale.Model``), ``network`` (the trained backbone).
+    ``shard=(rank, size)`` trains on this rank's share of every epoch (data parallel).
     """
     import mindspore as ms
     from mindspore import nn
@@ -251,7 +255,8 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     images, labels = load_digits()
     (x_train, y_train), (x_test, y_test) = train_test_split(images, labels, seed=0)
     network = create_model(model)
-    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed)
+    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed,
+                              shard=shard)
     steps_per_epoch = train_data.get_dataset_size()
     if steps_per_epoch == 0:
         raise CliError(f"--batch-size {batch_size} is larger than the {len(y_train)} training images")
@@ -311,15 +316,48 @@ def _try_plot(function, *args):
 
 # ---- commands ------------------------------------------------------------------------------
 
+def launch_workers(args, output):
+    """Re-run this command under msrun with ``args.workers`` processes; print rank 0's report."""
+    from lossscale.distributed import launch_environment, msrun_command, run_msrun
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+    argv = [a for a in (args.argv or []) if a]
+    log_dir = os.path.join(output, "msrun_logs")
+    command = msrun_command(script, argv, workers=args.workers, log_dir=log_dir)
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    print(f"launching {args.workers} data-parallel workers: {' '.join(command)}", flush=True)
+    done = run_msrun(command, timeout=None, env=launch_environment(package_root))
+    rank0 = os.path.join(log_dir, "worker_0.log")
+    if os.path.exists(rank0):
+        with open(rank0, encoding="utf-8", errors="replace") as handle:
+            print("".join(line for line in handle if not line.startswith(("[WARNING]", "[INFO]"))), end="")
+    if done.returncode != 0:
+        raise CliError(f"msrun failed with exit code {done.returncode}; worker logs are in {log_dir}")
+    return 0
+
+
 def command_train(args):
+    from lossscale.distributed import init_data_parallel, inside_msrun, launched_by_us
     from lossscale.monitor import LossScaleMonitor
     from lossscale.plots import plot_training
 
     _check_model(args.model)
     parse_loss_scale(args.loss_scale, args.scale_window)
     output = prepare_output(args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"))
+    shard, rank = None, 0
+    if args.workers > 1:
+        if not inside_msrun():
+            if launched_by_us():
+                raise CliError("started by msrun but MS_ROLE is not set; refusing to launch msrun again")
+            return launch_workers(args, output)
+        rank, size = init_data_parallel()
+        shard = (rank, size)
+        print(f"rank {rank} of {size}: per-rank batch {args.batch_size}, global batch {args.batch_size * size}")
     result = run_training(args.model, args.precision, args.loss_scale, args.epochs, args.batch_size, args.lr,
-                          args.seed, args.scale_window, args.loss_weight, progress=not args.no_progress)
+                          args.seed, args.scale_window, args.loss_weight,
+                          progress=not args.no_progress and rank == 0, shard=shard)
+    if rank != 0:
+        return 0
     monitor = LossScaleMonitor(print_summary=False)
     monitor.records = result["records"]
     monitor.write_csv(os.path.join(output, "metrics.csv"))
@@ -483,6 +521,7 @@ def main(argv=None):
     """Entry point; returns the process exit code (0 ok, 2 usage or output-folder error)."""
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         import mindspore as ms
 
         ms.set_context(mode=ms.GRAPH_MODE)

@@ -58,8 +58,10 @@ def to_layout(images, layout):
     raise ValueError(f"'layout' must be one of ('flat', 'image32', 'image8', 'tokens'), but got {layout!r}.")
 
 
-def make_dataset(images, labels, batch_size, layout, shuffle=False, seed=0, drop_remainder=True):
+def make_dataset(images, labels, batch_size, layout, shuffle=False, seed=0, drop_remainder=True, shard=None):
     """A MindSpore dataset of ``(data, label)`` batches in the network's layout.
+
+    ``shard=(shard_id, num_shards)`` keeps this rank's share of the samples (data parallel).
 
     With ``shuffle`` the order changes every epoch but is seeded (``mindspore.dataset.config.set_seed``),
     so two pipelines built with the same arguments yield the same batches.
@@ -71,5 +73,6 @@ def make_dataset(images, labels, batch_size, layout, shuffle=False, seed=0, drop
     data = to_layout(images, layout).astype(np.float32)
     if shuffle:
         ds.config.set_seed(seed)
-    dataset = ds.NumpySlicesDataset({"data": data, "label": labels.astype(np.int32)}, shuffle=shuffle)
+    sharding = {} if shard is None else {"shard_id": shard[0], "num_shards": shard[1]}
+    dataset = ds.NumpySlicesDataset({"data": data, "label": labels.astype(np.int32)}, shuffle=shuffle, **sharding)
     return dataset.batch(batch_size, drop_remainder=drop_remainder)

@@ -1,0 +1,63 @@
+"""Worker for the 2-rank data-parallel test, launched by msrun (not collected by pytest).
+
+    msrun --worker_num=2 ... dp_worker.py OUT_DIR
+
+Each rank trains the test regression net on its half of every global batch, twice: run
+``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. It writes
+``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npz``
+(the trainable weights after every step, stacked).
+"""
+import json
+import os
+import sys
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+from mindspore.communication import get_group_size, get_rank, init
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+from nets import regression_batches, regression_net  # noqa: E402  pylint: disable=wrong-import-position
+
+from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
+
+STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
+
+
+def manager():
+    return DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+
+
+def train(rank, size, inject):
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                                         manager().get_update_cell())
+    share = GLOBAL_BATCH // size
+    flags, scales, weights = [], [], []
+    for i, (x, y) in enumerate(regression_batches(STEPS, batch=GLOBAL_BATCH)):
+        x, y = x[rank * share:(rank + 1) * share].copy(), y[rank * share:(rank + 1) * share]
+        if inject and i == INJECT_STEP and rank == 1:
+            x[0, 0] = np.inf
+        _, overflow, scale = step(Tensor(x), Tensor(y))
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(scale.asnumpy()))
+        weights.append(np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
+    return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
+
+
+def main(out):
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = get_rank(), get_group_size()
+    report = {"size": size}
+    for run in ("inject", "clean"):
+        report[run], weights = train(rank, size, inject=run == "inject")
+        np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)
+    with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(report, handle)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,98 @@
+"""Two ranks on loopback with msrun: every rank skips together (run by CI, bounded, no leftovers)."""
+import json
+import os
+import sys
+
+import numpy as np
+import psutil
+import pytest
+from mindspore import Tensor, nn
+
+from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell
+from lossscale.distributed import launch_environment, msrun_command, run_msrun
+from lossscale.policy import run
+from nets import regression_batches, regression_net
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import dp_worker  # noqa: E402  pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp")
+    command = msrun_command(os.path.join(HERE, "dp_worker.py"), [str(out)], workers=2,
+                            log_dir=str(out / "logs"))
+    done = run_msrun(command, timeout=170, env=launch_environment(ROOT), cwd=str(out))
+    logs = "".join(open(os.path.join(out, "logs", f), encoding="utf-8", errors="replace").read()[-3000:]
+                   for f in sorted(os.listdir(out / "logs"))) if (out / "logs").exists() else ""
+    assert done.returncode == 0, done.stdout[-3000:] + logs
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1) for name in ("inject", "clean")}
+    return reports, weights, command
+
+
+def test_both_ranks_skip_the_step_where_only_rank_1_overflowed(two_ranks):
+    reports, _, _ = two_ranks
+    expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
+    expected_scales = [s.scale for s in run(dp_worker.manager().policy, expected_flags)]
+    for report in reports:
+        assert report["size"] == 2
+        assert report["inject"]["flags"] == expected_flags
+        assert report["inject"]["scales"] == expected_scales
+        assert report["inject"]["counters"]["skipped_steps"] == 1
+
+
+def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
+    reports, weights, _ = two_ranks
+    for run_name in ("inject", "clean"):
+        np.testing.assert_array_equal(weights[(0, run_name)], weights[(1, run_name)])
+        assert reports[0][run_name] == reports[1][run_name]
+    inject = weights[(0, "inject")]
+    step = dp_worker.INJECT_STEP
+    np.testing.assert_array_equal(inject[step], inject[step - 1])  # the skipped step changed nothing
+    assert not np.array_equal(inject[step + 1], inject[step])
+
+
+def test_clean_run_matches_single_process_training_on_the_combined_batch(two_ranks):
+    _, weights, _ = two_ranks
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                                         dp_worker.manager().get_update_cell())
+    single = []
+    for x, y in regression_batches(dp_worker.STEPS, batch=dp_worker.GLOBAL_BATCH):
+        step(Tensor(x), Tensor(y))
+        single.append(np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
+    np.testing.assert_allclose(weights[(0, "clean")], np.stack(single), rtol=1e-5, atol=1e-7)
+
+
+def test_no_process_left_behind(two_ranks):
+    _, _, command = two_ranks
+    worker = os.path.join(HERE, "dp_worker.py")
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if worker in (p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
+    command = [sys.executable, "-m", "lossscale", "train", "--workers", "2", "--model", "mlp", "--epochs", "1",
+               "--no-progress", "--output", str(tmp_path)]
+    done = run_msrun(command, timeout=170, env=dict(launch_environment(ROOT), LOSSSCALE_MSRUN_CHILD=""),
+                     cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "rank 0 of 2: per-rank batch 32, global batch 64" in done.stdout
+    assert "test accuracy:" in done.stdout
+    rows = (tmp_path / "metrics.csv").read_text().strip().splitlines()
+    assert len(rows) - 1 == 1438 // 2 // 32  # steps per rank: half of the data per epoch
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypatch):
+    from lossscale.cli import main
+
+    monkeypatch.setenv("LOSSSCALE_MSRUN_CHILD", "1")
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
+    assert "refusing to launch msrun again" in capsys.readouterr().err
