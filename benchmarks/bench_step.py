@@ -1,0 +1,129 @@
+"""One benchmark configuration (model x amp level) in this process: four train-step variants.
+
+    python benchmarks/bench_step.py --model mlp --level O2 [--rounds 10 --steps 20 --warmup 10]
+
+Variants:
+  plain       (1)  mindspore nn.TrainOneStepCell, no loss scaling
+  plain_if    (1c) the same step with the optimizer under an `if` on a tensor condition
+  lossscale   (2)  lossscale.TrainOneStepWithLossScaleCell + DynamicLossScaleManager
+  ms_jit      (3)  MindSpore's functional path: amp.DynamicLossScaler + amp.all_finite in mindspore.jit
+"""
+import argparse
+
+from common import LEVELS, MODELS, emit, first_call_seconds, make_inputs, make_network, rotating_rounds, summarise
+
+BASELINES = [("lossscale", "plain"), ("lossscale", "plain_if"), ("lossscale", "ms_jit"), ("plain_if", "plain")]
+
+
+def _loss_fn():
+    from mindspore import nn
+
+    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def _optimizer(network):
+    from mindspore import nn
+
+    return nn.Momentum(network.trainable_params(), learning_rate=0.01, momentum=0.9)
+
+
+def build_plain(model, level):
+    import mindspore as ms
+
+    network = make_network(model)
+    return ms.amp.build_train_network(network, _optimizer(network), _loss_fn(), level=level,
+                                      loss_scale_manager=None)
+
+
+def build_plain_if(model, level):
+    from mindspore import nn, ops
+
+    class TrainOneStepUnderIf(nn.TrainOneStepCell):
+        """nn.TrainOneStepCell with the optimizer under an `if` on a tensor (no scaling)."""
+
+        def construct(self, *inputs):
+            loss = self.network(*inputs)
+            sens = ops.fill(loss.dtype, loss.shape, self.sens)
+            grads = self.grad(self.network, self.weights)(*inputs, sens)
+            grads = self.grad_reducer(grads)
+            if ops.isfinite(loss):
+                loss = ops.depend(loss, self.optimizer(grads))
+            return loss
+
+    plain = build_plain(model, level)
+    return TrainOneStepUnderIf(plain.network, plain.optimizer)
+
+
+def build_lossscale(model, level):
+    from lossscale import DynamicLossScaleManager, build_train_network
+
+    network = make_network(model)
+    return build_train_network(network, _optimizer(network), _loss_fn(), level=level,
+                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16))
+
+
+def build_ms_jit(model, level):
+    import mindspore as ms
+
+    plain = build_plain(model, level)
+    network_with_loss, optimizer = plain.network, plain.optimizer
+    scaler = ms.amp.DynamicLossScaler(scale_value=2**16, scale_factor=2, scale_window=2000)
+
+    def forward(x, y):
+        return scaler.scale(network_with_loss(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        loss = scaler.unscale(loss)
+        finite = ms.amp.all_finite(grads)
+        if finite:
+            grads = scaler.unscale(grads)
+            optimizer(grads)
+        scaler.adjust(finite)
+        return loss
+
+    return train_step
+
+
+BUILDERS = {"plain": build_plain, "plain_if": build_plain_if, "lossscale": build_lossscale, "ms_jit": build_ms_jit}
+
+
+def warm_runtime():
+    """Compile and run a tiny unrelated graph so one-time runtime start-up is not charged to a variant."""
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    nn.Dense(4, 2)(Tensor(np.ones((1, 4), np.float32))).asnumpy()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    parser.add_argument("--level", choices=LEVELS, required=True)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args()
+
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    warm_runtime()
+    inputs = make_inputs(args.model)
+    variants, first_call = {}, {}
+    for name, builder in BUILDERS.items():
+        ms.set_seed(0)
+        variants[name] = builder(args.model, args.level)
+        first_call[name] = first_call_seconds(variants[name], inputs)
+    times = rotating_rounds(variants, inputs, args.rounds, args.steps, args.warmup)
+    summary, ratios = summarise(times, BASELINES)
+    emit({"model": args.model, "level": args.level, "batch": MODELS[args.model], "summary": summary,
+          "ratios": ratios, "first_call_s": first_call,
+          "first_call_ratio": first_call["lossscale"] / first_call["plain"]})
+
+
+if __name__ == "__main__":
+    main()

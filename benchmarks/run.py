@@ -1,0 +1,118 @@
+"""Run the whole benchmark suite: one process per configuration, tables, targets, JSON.
+
+    python benchmarks/run.py                 # full run (about 5 minutes on 2 cores)
+    python benchmarks/run.py --smoke         # a few steps per variant: checks the harness, not the speed
+    python benchmarks/run.py --output results.json
+
+Targets (issue "Performance"), checked on the full run only:
+  - paired ratio lossscale/plain_if <= 1.05 and lossscale/plain <= 1.05 on all six configurations;
+  - lossscale faster than MindSpore's jit path (ms_jit) on every configuration;
+  - our check >= 3x faster than mindspore.amp.all_finite on the MLP gradients, float32 and float16;
+  - first call of lossscale <= 1.3x the first call of plain.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import LEVELS, MODELS  # noqa: E402  pylint: disable=wrong-import-position
+
+FULL = {"rounds": 10, "steps": 20, "warmup": 10}
+SMOKE = {"rounds": 2, "steps": 2, "warmup": 1}
+
+
+def run_process(script, args, timeout):
+    """Run a benchmark script in a fresh process and return its RESULT payload."""
+    command = [sys.executable, os.path.join(HERE, script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _timing_args(settings):
+    return [f"--{key}={value}" for key, value in settings.items()]
+
+
+def step_table(results):
+    header = (f"{'config':<12}{'plain':>16}{'plain_if':>16}{'lossscale':>16}{'ms_jit':>16}"
+              f"{'ls/plain':>10}{'ls/if':>8}{'ls/jit':>8}{'1st call ls/plain':>19}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        cells = "".join(f"{r['summary'][v]['median_ms']:>9.2f} ±{r['summary'][v]['iqr_ms']:>5.2f}"
+                        for v in ("plain", "plain_if", "lossscale", "ms_jit"))
+        ratios = r["ratios"]
+        lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{ratios['lossscale/plain']:>10.3f}"
+                     f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/ms_jit']:>8.3f}"
+                     f"{r['first_call_ratio']:>19.2f}")
+    lines.append("step times: median ± interquartile range in ms; ratios: median over rounds of paired ratios")
+    return "\n".join(lines)
+
+
+def check_table(checks):
+    header = f"{'gradients':<18}{'lossscale ms':>14}{'all_finite ms':>15}{'speedup':>9}"
+    lines = [header, "-" * len(header)]
+    for c in checks:
+        lines.append(f"{c['model'] + ' ' + c['dtype']:<18}{c['summary']['lossscale']['median_ms']:>14.3f}"
+                     f"{c['summary']['all_finite']['median_ms']:>15.3f}{c['speedup']:>8.1f}x")
+    return "\n".join(lines)
+
+
+def verdicts(steps, checks):
+    """Each target with its measured value and whether it is met."""
+    rows = []
+    for r in steps:
+        name = f"{r['model']} {r['level']}"
+        rows.append((f"{name}: lossscale/plain_if <= 1.05", r["ratios"]["lossscale/plain_if"],
+                     r["ratios"]["lossscale/plain_if"] <= 1.05))
+        rows.append((f"{name}: lossscale/plain <= 1.05", r["ratios"]["lossscale/plain"],
+                     r["ratios"]["lossscale/plain"] <= 1.05))
+        rows.append((f"{name}: lossscale faster than ms_jit", r["ratios"]["lossscale/ms_jit"],
+                     r["ratios"]["lossscale/ms_jit"] < 1.0))
+        rows.append((f"{name}: first call <= 1.3x plain", r["first_call_ratio"], r["first_call_ratio"] <= 1.3))
+    for c in checks:
+        if c["model"] == "mlp":
+            rows.append((f"check vs all_finite, mlp {c['dtype']} >= 3x", c["speedup"], c["speedup"] >= 3.0))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a few steps only (CI): the harness, not the speed")
+    parser.add_argument("--output", default=os.path.join(HERE, "results.json"))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS))
+    args = parser.parse_args()
+    settings = SMOKE if args.smoke else FULL
+    timeout = 300 if args.smoke else 900
+    start = time.time()
+    checks = run_process("bench_check.py", _timing_args({k: v for k, v in settings.items()}), timeout)["checks"]
+    steps = []
+    for model in args.models:
+        for level in args.levels:
+            print(f"... {model} {level}", file=sys.stderr, flush=True)
+            steps.append(run_process("bench_step.py", ["--model", model, "--level", level,
+                                                       *_timing_args(settings)], timeout))
+    print(step_table(steps))
+    print()
+    print(check_table(checks))
+    rows = verdicts(steps, checks)
+    if not args.smoke:
+        print()
+        for text, value, met in rows:
+            print(f"{'MET ' if met else 'MISS'}  {text}: {value:.3f}")
+        print(f"{sum(m for _, _, m in rows)}/{len(rows)} targets met")
+    payload = {"settings": settings, "smoke": args.smoke, "seconds": time.time() - start, "steps": steps,
+               "checks": checks, "targets": [{"target": t, "value": v, "met": m} for t, v, m in rows]}
+    with open(args.output, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2)
+    print(f"\n{len(steps)} configurations in {time.time() - start:.0f} s; JSON: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
