@@ -1,0 +1,26 @@
+"""The benchmark harness runs end to end (smoke mode: a few steps; timings are not checked here)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_smoke_run(tmp_path):
+    output = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke", "--output",
+                           str(output)], capture_output=True, text=True, timeout=900, check=False,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert {(r["model"], r["level"]) for r in result["steps"]} == {
+        (m, l) for m in ("mlp", "lenet5") for l in ("O0", "O2", "O3")}
+    for r in result["steps"]:
+        assert set(r["summary"]) == {"plain", "plain_if", "lossscale", "ms_jit"}
+        assert all(s["steps"] == 4 and s["median_ms"] > 0 for s in r["summary"].values())
+        assert set(r["ratios"]) >= {"lossscale/plain", "lossscale/plain_if", "lossscale/ms_jit"}
+    # both checks agree: finite gradients pass, a nan fails
+    assert all(c["finite_then_nan"] == {"lossscale": [True, False], "all_finite": [True, False]}
+               for c in result["checks"])
+    assert "ls/plain" in done.stdout and "speedup" in done.stdout  # both tables were printed
