@@ -12,7 +12,8 @@ import numpy as np
 from mindspore.amp import LossScaleManager
 
 from lossscale._validation import check_bool, check_finite_in_range
-from lossscale.policy import LossScaleState, check_state, initial_state, policy_from_mindspore_arguments, update
+from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
+                              policy_from_mindspore_arguments, update)
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
 
@@ -93,15 +94,27 @@ class DynamicLossScaleManager(LossScaleManager):
     """
 
     def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, *, backoff_factor=None,
-                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
+                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
+                 refill_hysteresis_on_backoff=False):
         self.policy = policy_from_mindspore_arguments(
             "init_loss_scale", init_loss_scale, scale_factor, scale_window, backoff_factor=backoff_factor,
             hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale)
+            max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
         self.scale_factor = scale_factor
         self.scale_window = scale_window
         self._state = initial_state(self.policy)
         self._update_cell = None
+
+    @classmethod
+    def from_policy(cls, policy):
+        """A manager applying ``policy`` (e.g. a preset from :mod:`lossscale.presets`).
+
+        Example:
+            >>> from lossscale.presets import get_preset
+            >>> DynamicLossScaleManager.from_policy(get_preset("megatron")).policy.hysteresis
+            2
+        """
+        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval, **policy_extensions(policy))
 
     def _device_cell(self):
         """The update cell this manager made if a train cell has adopted it, else None."""
@@ -147,10 +160,8 @@ class DynamicLossScaleManager(LossScaleManager):
         The manager follows the most recent cell it made: ``get_loss_scale()`` reads it.
         """
         state = self.get_state()
-        cell = DynamicLossScaleUpdateCell(
-            self.policy.init_scale, self.scale_factor, self.scale_window, backoff_factor=self.policy.backoff_factor,
-            hysteresis=self.policy.hysteresis, consecutive_hysteresis=self.policy.consecutive_hysteresis,
-            min_loss_scale=self.policy.min_scale, max_loss_scale=self.policy.max_scale)
+        cell = DynamicLossScaleUpdateCell(self.policy.init_scale, self.scale_factor, self.scale_window,
+                                          **policy_extensions(self.policy))
         cell.set_state(state)
         self._update_cell = cell
         return cell

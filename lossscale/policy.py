@@ -10,9 +10,11 @@ Algorithm (one call of :func:`update` per training step)::
 
     if overflow:                                   # any gradient inf/nan: the step is skipped
         good_steps = 0                             # an overflow restarts the growth window
-        if hysteresis_left <= 1:                   # the N-th overflow (hysteresis N) backs off
+        if hysteresis_left > 1:
+            hysteresis_left -= 1                   # absorbed by the hysteresis
+        else:                                      # the N-th overflow (hysteresis N) backs off
             scale = max(scale * backoff_factor, min_scale)
-        hysteresis_left = max(hysteresis_left - 1, 1)
+            hysteresis_left = hysteresis if refill_hysteresis_on_backoff else 1
     else:
         good_steps += 1
         if consecutive_hysteresis:                 # any clean step forgives earlier overflows
@@ -66,6 +68,10 @@ class LossScalePolicy:
         hysteresis: the scale backs off on the ``hysteresis``-th overflow only.
         consecutive_hysteresis: if True any clean step refills the hysteresis,
             otherwise only a growth does.
+        refill_hysteresis_on_backoff: if True a backoff also refills the hysteresis,
+            so every ``hysteresis``-th overflow backs off (Paddle's
+            ``decr_every_n_nan_or_inf``); if False (DeepSpeed, Megatron-LM) every
+            overflow after the first backoff backs off until the next refill.
         min_scale: floor of the scale; 0 means no floor (PyTorch's behaviour).
         max_scale: ceiling of the scale; ``None`` means the largest finite float32.
 
@@ -83,6 +89,7 @@ class LossScalePolicy:
     growth_interval: int = 2000
     hysteresis: int = 1
     consecutive_hysteresis: bool = False
+    refill_hysteresis_on_backoff: bool = False
     min_scale: float = 1.0
     max_scale: Optional[float] = None
 
@@ -102,6 +109,7 @@ class LossScalePolicy:
         set_field("growth_interval", check_int_in_range("growth_interval", self.growth_interval, low=1))
         set_field("hysteresis", check_int_in_range("hysteresis", self.hysteresis, low=1))
         check_bool("consecutive_hysteresis", self.consecutive_hysteresis)
+        check_bool("refill_hysteresis_on_backoff", self.refill_hysteresis_on_backoff)
         min_scale = check_finite_in_range("min_scale", self.min_scale, low=0.0)
         set_field("min_scale", min_scale)
         # A scale must be positive: with no floor (min_scale == 0) the lower bound is exclusive.
@@ -144,6 +152,28 @@ _MINDSPORE_NAMES = {"growth_factor": "scale_factor", "growth_interval": "scale_w
                     "min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
 
 
+def build_policy(names, **fields):
+    """``LossScalePolicy(**fields)``, with errors naming each field as the caller spells it.
+
+    ``names`` maps policy field names to the caller's argument names (e.g. Paddle's
+    ``{"growth_factor": "incr_ratio"}``).
+
+    Example:
+        >>> try:
+        ...     build_policy({"growth_factor": "incr_ratio"}, growth_factor=0.5)
+        ... except ValueError as error:
+        ...     print(str(error).split(" must")[0])
+        'incr_ratio'
+    """
+    try:
+        return LossScalePolicy(**fields)
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for field, name in names.items():
+            message = message.replace(f"'{field}'", f"'{name}'")
+        raise type(error)(message) from None
+
+
 def policy_from_mindspore_arguments(init_name, init_scale, scale_factor, scale_window, **extensions):
     """Build a :class:`LossScalePolicy` from MindSpore-style arguments.
 
@@ -154,18 +184,28 @@ def policy_from_mindspore_arguments(init_name, init_scale, scale_factor, scale_w
         >>> policy_from_mindspore_arguments("init_loss_scale", 1024, 2, 100, min_loss_scale=4.0).min_scale
         4.0
     """
-    try:
-        return LossScalePolicy(init_scale=init_scale, growth_factor=scale_factor, growth_interval=scale_window,
-                               backoff_factor=extensions.get("backoff_factor"),
-                               hysteresis=extensions.get("hysteresis", 1),
-                               consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
-                               min_scale=extensions.get("min_loss_scale", 1.0),
-                               max_scale=extensions.get("max_loss_scale"))
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        for field, name in dict(_MINDSPORE_NAMES, init_scale=init_name).items():
-            message = message.replace(f"'{field}'", f"'{name}'")
-        raise type(error)(message) from None
+    return build_policy(dict(_MINDSPORE_NAMES, init_scale=init_name), init_scale=init_scale,
+                        growth_factor=scale_factor, growth_interval=scale_window,
+                        backoff_factor=extensions.get("backoff_factor"),
+                        hysteresis=extensions.get("hysteresis", 1),
+                        consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
+                        refill_hysteresis_on_backoff=extensions.get("refill_hysteresis_on_backoff", False),
+                        min_scale=extensions.get("min_loss_scale", 1.0),
+                        max_scale=extensions.get("max_loss_scale"))
+
+
+def policy_extensions(policy):
+    """The keyword extensions (MindSpore spelling) that rebuild ``policy`` with
+    :func:`policy_from_mindspore_arguments`: everything except the initial scale, factor and window.
+
+    Example:
+        >>> policy_extensions(LossScalePolicy(hysteresis=2))["hysteresis"]
+        2
+    """
+    return {"backoff_factor": policy.backoff_factor, "hysteresis": policy.hysteresis,
+            "consecutive_hysteresis": policy.consecutive_hysteresis,
+            "refill_hysteresis_on_backoff": policy.refill_hysteresis_on_backoff,
+            "min_loss_scale": policy.min_scale, "max_loss_scale": policy.max_scale}
 
 
 def check_state(policy: LossScalePolicy, state: LossScaleState) -> LossScaleState:
@@ -216,8 +256,10 @@ def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> Lo
         8.0
     """
     if overflow:
-        scale = backed_off_scale(policy, state.scale) if state.hysteresis_left <= 1 else state.scale
-        return LossScaleState(scale=scale, good_steps=0, hysteresis_left=max(state.hysteresis_left - 1, 1))
+        if state.hysteresis_left > 1:
+            return LossScaleState(scale=state.scale, good_steps=0, hysteresis_left=state.hysteresis_left - 1)
+        left = policy.hysteresis if policy.refill_hysteresis_on_backoff else 1
+        return LossScaleState(scale=backed_off_scale(policy, state.scale), good_steps=0, hysteresis_left=left)
     good_steps = state.good_steps + 1
     hysteresis_left = policy.hysteresis if policy.consecutive_hysteresis else state.hysteresis_left
     if good_steps >= policy.growth_interval:

@@ -13,7 +13,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
-from lossscale.policy import LossScaleState, check_state, initial_state, policy_from_mindspore_arguments
+from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
+                              policy_from_mindspore_arguments)
 
 
 class _ScaleBinding:
@@ -145,11 +146,12 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
     """
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
-                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None):
+                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
+                 refill_hysteresis_on_backoff=False):
         policy = policy_from_mindspore_arguments(
             "loss_scale_value", loss_scale_value, scale_factor, scale_window, backoff_factor=backoff_factor,
             hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale)
+            max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
         super().__init__(loss_scale_value)
         self.policy = policy
         self.scale_factor = scale_factor
@@ -168,6 +170,18 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
                                     name="loss_scale_good_steps", requires_grad=False)
         self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
                                          name="loss_scale_hysteresis_left", requires_grad=False)
+
+    @classmethod
+    def from_policy(cls, policy):
+        """An update cell applying ``policy`` (e.g. a preset from :mod:`lossscale.presets`).
+
+        Example:
+            >>> from lossscale.presets import get_preset
+            >>> DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch")).get_loss_scale()
+            65536.0
+        """
+        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval,
+                   **policy_extensions(policy))
 
     def get_state(self):
         """The current :class:`lossscale.policy.LossScaleState` (syncs the host)."""
@@ -198,7 +212,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         # Overflow branch: back off only when the hysteresis is exhausted.
         backed_off = ops.maximum(loss_scale * self._backoff_factor, self._min_scale)
         scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, loss_scale)
-        hysteresis_if_overflow = ops.maximum(hysteresis - self._one, self._one)
+        if self.policy.refill_hysteresis_on_backoff:
+            hysteresis_if_overflow = ops.select(hysteresis <= self._one, self._full_hysteresis, hysteresis - self._one)
+        else:
+            hysteresis_if_overflow = ops.maximum(hysteresis - self._one, self._one)
         # Clean branch: grow on the window-th clean step, never to inf nor above the ceiling.
         good_steps = self.good_steps + self._one
         grow = good_steps >= self._window
