@@ -8,14 +8,19 @@ Layers (see docs/design.md):
 - :mod:`lossscale.overflow`: overflow detection per backend;
 - :mod:`lossscale.train_cell`: the one-graph training step;
 - :mod:`lossscale.integration`: ``build_train_network`` and ``Model``;
+- :mod:`lossscale.grad_scaler`, :mod:`lossscale.loss_scale_optimizer`: the Paddle/PyTorch and Keras
+  front-ends; :mod:`lossscale.presets`: other libraries' update rules;
 - :mod:`lossscale.monitor`: the ``LossScaleMonitor`` callback;
 - :mod:`lossscale.diagnostics`, :mod:`lossscale.plots`, :mod:`lossscale.cli`: the command line.
 """
+from lossscale.grad_scaler import GradScaler
 from lossscale.integration import Model, build_train_network
+from lossscale.loss_scale_optimizer import LossScaleOptimizer
 from lossscale.managers import DynamicLossScaleManager, FixedLossScaleManager
 from lossscale.monitor import LossScaleMonitor
 from lossscale.overflow import choose_overflow_check
 from lossscale.policy import LossScalePolicy, LossScaleState
+from lossscale.presets import PRESET_NAMES, get_preset
 from lossscale.train_cell import PersistentOverflowError, TrainOneStepWithLossScaleCell
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
@@ -26,12 +31,16 @@ __all__ = [
     "DynamicLossScaleUpdateCell",
     "FixedLossScaleManager",
     "FixedLossScaleUpdateCell",
+    "GradScaler",
+    "LossScaleOptimizer",
     "LossScaleMonitor",
     "LossScalePolicy",
     "LossScaleState",
     "Model",
     "PersistentOverflowError",
     "TrainOneStepWithLossScaleCell",
+    "PRESET_NAMES",
     "build_train_network",
     "choose_overflow_check",
+    "get_preset",
 ]

@@ -43,11 +43,12 @@ class _Parser(argparse.ArgumentParser):
 # ---- argument parsing ----------------------------------------------------------------------
 
 def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
-    """Turn ``none`` / ``fixed:S`` / ``dynamic`` into ``(label, manager_factory)``.
+    """Turn ``none`` / ``fixed:S`` / ``dynamic`` / ``preset:NAME`` into ``(label, manager_factory)``.
 
     ``none`` still uses the lossscale cell (scale 1, every step applied) so that
     overflows are reported; ``dynamic`` is MindSpore's ``DynamicLossScaleManager``
-    defaults with ``scale_window`` clean steps per growth.
+    defaults with ``scale_window`` clean steps per growth; ``preset:NAME`` is a rule of
+    :mod:`lossscale.presets` (e.g. ``preset:pytorch``), also with ``scale_window``.
 
     Example:
         >>> label, factory = parse_loss_scale("fixed:1024")
@@ -69,7 +70,15 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
         if not (math.isfinite(value) and value >= 1.0):
             raise CliError(f"--loss-scale fixed:S needs a finite number S >= 1, but got {text!r}")
         return f"fixed:{value:g}", lambda: FixedLossScaleManager(value)
-    raise CliError(f"--loss-scale must be 'none', 'fixed:S' or 'dynamic', but got {spec!r}")
+    if spec.startswith("preset:"):
+        from lossscale.presets import PRESET_NAMES, get_preset
+
+        name = spec[len("preset:"):]
+        if name not in PRESET_NAMES:
+            raise CliError(f"unknown preset {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
+        policy = get_preset(name, growth_interval=scale_window)
+        return spec, lambda: DynamicLossScaleManager.from_policy(policy)
+    raise CliError(f"--loss-scale must be 'none', 'fixed:S', 'dynamic' or 'preset:NAME', but got {spec!r}")
 
 
 def prepare_output(path):
@@ -136,7 +145,7 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = commands.add_parser("train", help="train one configuration")
     _add_common_arguments(train, DEFAULTS["precision"])
-    train.add_argument("--loss-scale", default=DEFAULTS["loss_scale"], help="none, fixed:S or dynamic "
+    train.add_argument("--loss-scale", default=DEFAULTS["loss_scale"], help="none, fixed:S, dynamic or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...) "
                        "(default: %(default)s)")
     train.add_argument("--output", default=None, help="output folder (default: runs/train-MODEL-PRECISION)")
     train.add_argument("--workers", type=_positive_int, default=1,

@@ -31,5 +31,7 @@ def test_every_public_name_is_documented():
 
     api = _read("docs", "api.md")
     for name in lossscale.__all__:
-        assert f"`{name}" in api or f"### `{name}(" in api, name
-        assert getattr(lossscale, name).__doc__ and ">>>" in getattr(lossscale, name).__doc__, name
+        assert f"`{name}" in api, name
+        obj = getattr(lossscale, name)
+        if callable(obj):  # classes and functions carry an example; constants are described in api.md
+            assert obj.__doc__ and ">>>" in obj.__doc__, name
