@@ -51,7 +51,8 @@ def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypa
     (["train", "--model", "vgg"], "unknown model 'vgg'"),
     (["train", "--loss-scale", "fixed:abc"], "fixed:S needs a finite number S >= 1, but got 'abc'"),
     (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
-    (["train", "--loss-scale", "auto"], "'none', 'fixed:S' or 'dynamic'"),
+    (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
+    (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
     (["train", "--epochs", "0"], "--epochs"),
     (["train", "--precision", "fp8"], "--precision"),
     (["compare", "--model", "vgg"], "unknown model"),
@@ -95,6 +96,13 @@ def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys)
     assert low["largest_safe_scale"] == high["largest_safe_scale"] >= 65536
     assert (tmp_path / "s1" / "gradients.png").exists()
     assert "largest safe static scale" in capsys.readouterr().out
+
+
+def test_train_with_a_preset(tmp_path, capsys):
+    assert main(["train", *TINY, "--loss-scale", "preset:megatron", "--output", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["loss_scale"] == "preset:megatron"
+    assert summary["summary"]["max_loss_scale"] <= 2.0**32
 
 
 def test_parse_loss_scale():
