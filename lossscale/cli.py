@@ -100,24 +100,22 @@ def _check_model(name):
     return name
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def _positive(convert, description):
+    """An argparse type: ``convert(text)``, which must be finite and > 0."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be {description}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
+_positive_int = _positive(int, "a positive integer")
+_positive_float = _positive(float, "a finite number > 0")
 
 
 def _add_common_arguments(parser, precision_default):

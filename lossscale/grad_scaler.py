@@ -293,25 +293,33 @@ class GradScaler:
         """The policy state (:class:`lossscale.policy.LossScaleState`), read from the device."""
         return self._updater.get_state()
 
-    def _set_rule(self, **fields):
-        """Rebuild the rule with new values (validated, Paddle names in errors); keep the state."""
-        state = self.get_state()
+    def _rule_with(self, **paddle_values):
+        """The current rule with some Paddle-named values replaced (validated; Paddle names in errors)."""
         values = {"init_loss_scaling": self._policy.init_scale, "incr_ratio": self._policy.growth_factor,
                   "decr_ratio": self._policy.backoff_factor, "incr_every_n_steps": self._policy.growth_interval,
                   "decr_every_n_nan_or_inf": self._policy.hysteresis}
-        values.update(fields)
-        policy = build_policy(_PADDLE_NAMES, init_scale=values["init_loss_scaling"],
-                              growth_factor=values["incr_ratio"], backoff_factor=values["decr_ratio"],
-                              growth_interval=values["incr_every_n_steps"],
-                              hysteresis=values["decr_every_n_nan_or_inf"],
-                              consecutive_hysteresis=self._policy.consecutive_hysteresis,
-                              refill_hysteresis_on_backoff=self._policy.refill_hysteresis_on_backoff,
-                              min_scale=self._policy.min_scale, max_scale=self._policy.max_scale)
+        values.update(paddle_values)
+        return build_policy(_PADDLE_NAMES, init_scale=values["init_loss_scaling"],
+                            growth_factor=values["incr_ratio"], backoff_factor=values["decr_ratio"],
+                            growth_interval=values["incr_every_n_steps"],
+                            hysteresis=values["decr_every_n_nan_or_inf"],
+                            consecutive_hysteresis=self._policy.consecutive_hysteresis,
+                            refill_hysteresis_on_backoff=self._policy.refill_hysteresis_on_backoff,
+                            min_scale=self._policy.min_scale, max_scale=self._policy.max_scale)
+
+    def _install(self, policy, state):
+        """Switch to ``policy`` starting from ``state`` (a new update cell on the same scale Parameter)."""
         self._policy = policy
         self._updater = self._make_updater(policy)
-        self._updater.set_state(LossScaleState(scale=state.scale,
-                                               good_steps=min(state.good_steps, policy.growth_interval - 1),
-                                               hysteresis_left=min(state.hysteresis_left, policy.hysteresis)))
+        self._updater.set_state(state)
+
+    def _set_rule(self, **paddle_values):
+        """Change the rule, keeping the current scale and counters (clipped to the new bounds)."""
+        state = self.get_state()
+        policy = self._rule_with(**paddle_values)
+        self._install(policy, LossScaleState(scale=state.scale,
+                                             good_steps=min(state.good_steps, policy.growth_interval - 1),
+                                             hysteresis_left=min(state.hysteresis_left, policy.hysteresis)))
 
     def get_init_loss_scaling(self):
         """The initial scale."""
@@ -319,9 +327,9 @@ class GradScaler:
 
     def set_init_loss_scaling(self, new_init_loss_scaling):
         """Set the initial scale; like Paddle it also becomes the current scale."""
-        self._set_rule(init_loss_scaling=new_init_loss_scaling)
-        self._updater.set_state(LossScaleState(scale=self._policy.init_scale, good_steps=0,
-                                               hysteresis_left=self._policy.hysteresis))
+        policy = self._rule_with(init_loss_scaling=new_init_loss_scaling)
+        self._install(policy, LossScaleState(scale=policy.init_scale, good_steps=0,
+                                             hysteresis_left=policy.hysteresis))
 
     def get_incr_ratio(self):
         """The growth multiplier."""
@@ -387,17 +395,9 @@ class GradScaler:
             return
         if not state_dict:
             raise ValueError("'state_dict' is empty: it was saved by a disabled GradScaler.")
-        policy = build_policy(_PADDLE_NAMES, init_scale=state_dict["init_loss_scaling"],
-                              growth_factor=state_dict["incr_ratio"], backoff_factor=state_dict["decr_ratio"],
-                              growth_interval=state_dict["incr_every_n_steps"],
-                              hysteresis=state_dict["decr_every_n_nan_or_inf"],
-                              consecutive_hysteresis=self._policy.consecutive_hysteresis,
-                              refill_hysteresis_on_backoff=self._policy.refill_hysteresis_on_backoff,
-                              min_scale=self._policy.min_scale, max_scale=self._policy.max_scale)
+        policy = self._rule_with(**{key: state_dict[key] for key in _PADDLE_DEFAULTS})
         state = check_state(policy, LossScaleState(scale=float(state_dict["scale"]),
                                                    good_steps=int(state_dict["incr_count"]),
                                                    hysteresis_left=policy.hysteresis - int(state_dict["decr_count"])))
         self._dynamic = check_bool("use_dynamic_loss_scaling", state_dict["use_dynamic_loss_scaling"])
-        self._policy = policy
-        self._updater = self._make_updater(policy)
-        self._updater.set_state(state)
+        self._install(policy, state)

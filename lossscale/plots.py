@@ -35,22 +35,29 @@ def _draw_scale(axis, records, label=None, color=None):
     axis.set_ylabel("loss scale")
 
 
-def plot_training(records, path, title):
-    """Loss (top) and loss scale with skipped steps marked (bottom) over training steps."""
-    plt = _pyplot()
-    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
-    finite = [r for r in records if math.isfinite(r["loss"])]
-    top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8)
+def _finish(plt, figure, top, bottom, title, path, legend_top):
+    """Shared tail of the two-panel plots: labels, legends, save, close."""
     top.set_yscale("log")
     top.set_ylabel("training loss")
     top.set_title(title)
-    _draw_scale(bottom, records)
+    if legend_top:
+        top.legend(loc="best")
     bottom.set_xlabel("step")
     bottom.legend(loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def plot_training(records, path, title):
+    """Loss (top) and loss scale with skipped steps marked (bottom) over training steps."""
+    plt = _pyplot()
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
+    finite = [r for r in records if math.isfinite(r["loss"])]
+    top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8)
+    _draw_scale(bottom, records)
+    return _finish(plt, figure, top, bottom, title, path, legend_top=False)
 
 
 def plot_comparison(runs, path, title):
@@ -66,16 +73,7 @@ def plot_comparison(runs, path, title):
         top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label, color=color)
         if len({r["loss_scale"] for r in records}) > 1 or records and records[0]["loss_scale"] != 1.0:
             _draw_scale(bottom, records, label=label, color=color)
-    top.set_yscale("log")
-    top.set_ylabel("training loss")
-    top.set_title(title)
-    top.legend(loc="best")
-    bottom.set_xlabel("step")
-    bottom.legend(loc="best")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _finish(plt, figure, top, bottom, title, path, legend_top=True)
 
 
 def plot_histogram(log2_magnitudes, scale, path, title):
