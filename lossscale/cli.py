@@ -379,32 +379,42 @@ def command_train(args):
     return 0
 
 
+def _copy_of(model_name, network):
+    """A freshly built ``model_name`` holding ``network``'s current weights."""
+    import mindspore as ms
+
+    from models import create_model
+
+    copy = create_model(model_name)
+    ms.load_param_into_net(copy, {p.name: ms.Parameter(p.data.copy(), name=p.name)
+                                  for p in network.get_parameters()})
+    return copy
+
+
+def _first_training_batches(batch_size, layout, count):
+    """The first ``count`` ``(x, y)`` batches of the (unshuffled) digits training split."""
+    from models import load_digits, make_dataset, train_test_split
+
+    (x_train, y_train), _ = train_test_split(*load_digits(), seed=0)
+    data = make_dataset(x_train, y_train, batch_size, layout)
+    return [batch for _, batch in zip(range(count), data.create_tuple_iterator())]
+
+
 def gradient_loss_at_end(result, batches=4):
     """Fraction of gradient elements zero in the run's precision but nonzero in fp32, at its final weights
     and final loss scale, averaged over the first ``batches`` training batches."""
-    import mindspore as ms
     from mindspore import nn
 
     from lossscale.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
-    from models import create_model, load_digits, make_dataset, train_test_split
 
     config = result["config"]
-    loss_fn = _weighted_loss(config["loss_weight"])
-    reference = create_model(config["model"])
-    ms.load_param_into_net(reference, {p.name: ms.Parameter(p.data.copy(), name=p.name)
-                                       for p in result["network"].get_parameters()})
-    reference_probe = GradientProbe(nn.WithLossCell(reference, loss_fn))
+    reference = _copy_of(config["model"], result["network"])
+    reference_probe = GradientProbe(nn.WithLossCell(reference, _weighted_loss(config["loss_weight"])))
     run_probe = GradientProbe(result["model"].train_network.network)
     scale = result["summary"]["final_loss_scale"] or 1.0
-    images, labels = load_digits()
-    (x_train, y_train), _ = train_test_split(images, labels, seed=0)
-    data = make_dataset(x_train, y_train, config["batch_size"], reference.input_layout)
-    fractions = []
-    for index, (x, y) in enumerate(data.create_tuple_iterator()):
-        if index == batches:
-            break
-        fractions.append(lost_fraction(unscaled_gradients(reference_probe, (x, y), 1.0),
-                                       unscaled_gradients(run_probe, (x, y), scale)))
+    fractions = [lost_fraction(unscaled_gradients(reference_probe, batch, 1.0),
+                               unscaled_gradients(run_probe, batch, scale))
+                 for batch in _first_training_batches(config["batch_size"], reference.input_layout, batches)]
     return float(np.mean(fractions))
 
 
@@ -468,7 +478,7 @@ def command_inspect(args):
     from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
     from lossscale.integration import build_train_network
     from lossscale.plots import plot_histogram
-    from models import create_model, load_digits, make_dataset, train_test_split
+    from models import create_model
 
     _check_model(args.model)
     if not (math.isfinite(args.scale) and args.scale > 0):
@@ -482,23 +492,16 @@ def command_inspect(args):
         network = create_model(args.model)
     loss_fn = _weighted_loss(args.loss_weight)
     reference_probe = GradientProbe(nn.WithLossCell(network, loss_fn))
-    fp16_copy = create_model(args.model)
-    ms.load_param_into_net(fp16_copy, {p.name: ms.Parameter(p.data.copy(), name=p.name)
-                                       for p in network.get_parameters()})
+    fp16_copy = _copy_of(args.model, network)
     fp16_network = build_train_network(fp16_copy, nn.SGD(fp16_copy.trainable_params(), 0.0), loss_fn,
                                        level=PRECISIONS[args.precision],
-                                       loss_scale_manager=_no_scaling_manager()).network
+                                       loss_scale_manager=parse_loss_scale("none")[1]()).network
     fp16_probe = GradientProbe(fp16_network)
-    images, labels = load_digits()
-    (x_train, y_train), _ = train_test_split(images, labels, seed=0)
-    data = make_dataset(x_train, y_train, args.batch_size, network.input_layout)
     reference, lost = [], []
-    for index, (x, y) in enumerate(data.create_tuple_iterator()):
-        if index == args.batches:
-            break
-        grads = unscaled_gradients(reference_probe, (x, y), 1.0)
+    for batch in _first_training_batches(args.batch_size, network.input_layout, args.batches):
+        grads = unscaled_gradients(reference_probe, batch, 1.0)
         reference.extend(grads)
-        lost.append(lost_fraction(grads, unscaled_gradients(fp16_probe, (x, y), args.scale)))
+        lost.append(lost_fraction(grads, unscaled_gradients(fp16_probe, batch, args.scale)))
     report = magnitude_report(reference, args.scale)
     magnitudes = np.abs(np.concatenate([g.ravel() for g in reference]))
     log2 = np.log2(magnitudes[magnitudes > 0])
@@ -513,12 +516,6 @@ def command_inspect(args):
     _try_plot(plot_histogram, log2, args.scale, os.path.join(output, "gradients.png"),
               f"{args.model}: fp32 weight gradients vs the float16 range")
     return 0
-
-
-def _no_scaling_manager():
-    from lossscale.managers import FixedLossScaleManager
-
-    return FixedLossScaleManager(1.0, drop_overflow_update=False)
 
 
 COMMANDS = {"train": command_train, "compare": command_compare, "inspect": command_inspect}

@@ -38,7 +38,7 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale._validation import check_bool
-from lossscale.overflow import nonfinite_indicator, unscale_gradients
+from lossscale.overflow import any_nonfinite, unscale_gradients
 from lossscale.policy import LossScaleState, build_policy, check_state
 from lossscale.presets import get_preset
 from lossscale.update_cells import DynamicLossScaleUpdateCell
@@ -230,7 +230,7 @@ class GradScaler:
     def _unscale(self, grads):
         inv_scale = self._one / self._scale
         grads = unscale_gradients(self._hyper_map, inv_scale, grads)
-        bad = ops.select(ops.isfinite(nonfinite_indicator(self._hyper_map, grads)), self._zero, self._one)
+        bad = ops.select(any_nonfinite(self._hyper_map, grads), self._one, self._zero)
         grads = ops.depend(grads, ops.assign(self._found_inf, ops.maximum(self._found_inf, bad)))
         return grads
 
@@ -247,7 +247,7 @@ class GradScaler:
             return False
         if not _record(self._usage_id, key, "step"):
             grads = self._unscale(grads)
-        skipped = ops.logical_not(ops.isfinite(nonfinite_indicator(self._hyper_map, grads)))
+        skipped = any_nonfinite(self._hyper_map, grads)
         if not skipped:
             skipped = ops.depend(skipped, optimizer(grads))
         return skipped

@@ -19,7 +19,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale.overflow import nonfinite_indicator, unscale_gradients
+from lossscale.overflow import any_nonfinite, unscale_gradients
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
 from lossscale.update_cells import DynamicLossScaleUpdateCell
@@ -102,7 +102,7 @@ class LossScaleOptimizer(nn.Cell):
         return unscale_gradients(self._hyper_map, self._one / self._scale, grads)
 
     def construct(self, grads):
-        skipped = ops.logical_not(ops.isfinite(nonfinite_indicator(self._hyper_map, grads)))
+        skipped = any_nonfinite(self._hyper_map, grads)
         if not skipped:
             skipped = ops.depend(skipped, self._inner(grads))
         if self._dynamic:

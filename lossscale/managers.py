@@ -160,8 +160,7 @@ class DynamicLossScaleManager(LossScaleManager):
         The manager follows the most recent cell it made: ``get_loss_scale()`` reads it.
         """
         state = self.get_state()
-        cell = DynamicLossScaleUpdateCell(self.policy.init_scale, self.scale_factor, self.scale_window,
-                                          **policy_extensions(self.policy))
+        cell = DynamicLossScaleUpdateCell.from_policy(self.policy)
         cell.set_state(state)
         self._update_cell = cell
         return cell

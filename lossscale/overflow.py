@@ -138,6 +138,24 @@ def nonfinite_indicator(hyper_map, grads):
     return ops.addn(hyper_map(_nonfinite_probe, grads))
 
 
+def any_nonfinite(hyper_map, grads):
+    """A bool scalar: True when some gradient holds inf/nan (exact; graph mode)."""
+    return ops.logical_not(ops.isfinite(nonfinite_indicator(hyper_map, grads)))
+
+
+_nonfinite_flag = ops.MultitypeFuncGraph("_nonfinite_flag")
+
+
+@_nonfinite_flag.register("Tensor")
+def _tensor_nonfinite_flag(grad):
+    return ops.logical_not(ops.isfinite(_tensor_nonfinite_probe(grad)))
+
+
+def nonfinite_per_tensor(hyper_map, grads):
+    """A tuple of bool scalars, one per gradient: True where it holds inf/nan (graph mode)."""
+    return hyper_map(_nonfinite_flag, grads)
+
+
 def float_status_indicator(hyper_map, grads):
     """A float32 scalar >= 1 when some gradient is inf/nan (GPU ``FloatStatus``; graph mode)."""
     return ops.addn(hyper_map(_float_status, grads))

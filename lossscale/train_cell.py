@@ -86,14 +86,6 @@ def _tensor_reset(accumulator):
     return ops.assign(accumulator, ops.zeros_like(accumulator))
 
 
-_nonfinite = ops.MultitypeFuncGraph("_nonfinite")
-
-
-@_nonfinite.register("Tensor")
-def _tensor_nonfinite(grad):
-    return ops.logical_not(ops.isfinite(ops.reduce_sum(ops.cast(grad, mstype.float32) * 0)))
-
-
 class PersistentOverflowError(RuntimeError):
     """Raised by ``overflow_policy="raise"`` when overflows persist (see the train cell).
 
@@ -104,6 +96,14 @@ class PersistentOverflowError(RuntimeError):
         >>> issubclass(PersistentOverflowError, RuntimeError)
         True
     """
+
+
+def _positive_scale_value(name, tensor):
+    """``tensor`` as a float32 array whose values are finite and > 0 (else ``ValueError``)."""
+    value = tensor.asnumpy().astype(np.float32)
+    if not (np.isfinite(value).all() and (value > 0).all()):
+        raise ValueError(f"'{name}' must be finite and > 0, but got {value.reshape(-1)[0]!r}.")
+    return value
 
 
 def _scale_parameter(scale_sense):
@@ -117,9 +117,7 @@ def _scale_parameter(scale_sense):
     if isinstance(scale_sense, Tensor):
         if scale_sense.shape not in ((), (1,)):
             raise ValueError(f"'scale_sense' Tensor must have shape () or (1,), but got shape {scale_sense.shape}.")
-        value = scale_sense.asnumpy().astype(np.float32)
-        if not (np.isfinite(value).all() and (value > 0).all()):
-            raise ValueError(f"'scale_sense' must be finite and > 0, but got {value.reshape(-1)[0]!r}.")
+        value = _positive_scale_value("scale_sense", scale_sense)
         return Parameter(Tensor(value), name="scale_sense", requires_grad=False), None
     raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
 
@@ -293,9 +291,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             raise TypeError(f"'sens' must be a Tensor, but got {type(sens).__name__}.")
         if sens.shape != self.scale_sense.shape:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
-        value = sens.asnumpy().astype(np.float32)
-        if not (np.isfinite(value).all() and (value > 0).all()):
-            raise ValueError(f"'sens' must be finite and > 0, but got {value.reshape(-1)[0]!r}.")
+        value = _positive_scale_value("sens", sens)
         if self.optimizer_unscales:
             raise ValueError("'set_sense_scale' cannot change the scale: the optimizer was built with "
                              "loss_scale equal to the fixed scale and divides by it.")
@@ -329,9 +325,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if self.overflow_policy == "skip":
             return
         counters = self.overflow_counters()
-        minimum = getattr(getattr(self.loss_scaling_manager, "policy", None), "min_scale", None)
-        at_minimum = isinstance(self.loss_scaling_manager, DynamicLossScaleUpdateCell) and \
-            previous_scale <= np.float32(minimum)
+        cell = self.loss_scaling_manager
+        minimum = cell.policy.min_scale if isinstance(cell, DynamicLossScaleUpdateCell) else None
+        at_minimum = minimum is not None and previous_scale <= np.float32(minimum)
         too_many = self.max_consecutive_overflows is not None and \
             counters["consecutive_overflows"] >= self.max_consecutive_overflows
         if at_minimum or too_many:
@@ -451,7 +447,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def _record_forensics(self, grads, loss):
         """Debug mode: which raw gradients and whether the loss were non-finite (ORed over a window)."""
-        per_tensor = ops.stack(self.hyper_map(_nonfinite, grads))
+        per_tensor = ops.stack(_overflow.nonfinite_per_tensor(self.hyper_map, grads))
         loss_bad = ops.logical_not(ops.isfinite(loss).all())
         if self.accumulation_steps > 1:
             keep = self.micro_step > self._int_zero  # not the first micro-batch of the window
@@ -484,8 +480,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         elif self.overflow_check == _overflow.FLOAT_STATUS:
             flag = _overflow.float_status_indicator(self.hyper_map, compute_output)
         else:
-            indicator = _overflow.nonfinite_indicator(self.hyper_map, compute_output)
-            flag = ops.select(ops.isfinite(indicator), self._zero, self._one)
+            flag = ops.select(_overflow.any_nonfinite(self.hyper_map, compute_output), self._one, self._zero)
         return flag
 
     def get_overflow_status(self, status, compute_output):
