@@ -3,13 +3,20 @@
 Checks (names returned by :func:`choose_overflow_check`):
 
 ``"isfinite"`` (CPU; generic)
-    Exact inf/nan test. Per gradient ``reduce_sum((g * 0).reshape(-1))`` in the
-    gradient's own dtype: 0 when every element is finite, nan otherwise (``inf*0``
-    and ``nan*0`` are nan), so no finite value can give a false overflow (summing
-    the raw values can, and ``isfinite(max|g|)`` can miss nan on some kernels).
-    The per-tensor scalars are combined with one ``AddN`` and one ``isfinite``.
-    Measured on CPU (MLP 784-1024-1024-10 gradients): 0.11 ms vs 4.7 ms for
-    per-tensor ``isfinite(g).all()`` and for ``mindspore.amp.all_finite``.
+    Exact inf/nan test: one scalar per gradient, 0 when every value is finite
+    and nan otherwise, combined with one ``AddN`` and one ``isfinite``.
+
+    - float32 and float16: ``zeros(1, rows) @ g.reshape(rows, -1)``, then the sum
+      of that row. Every output is a sum of ``0 * g`` terms, and ``0 * inf`` and
+      ``0 * nan`` are nan, so no finite value, however large, can give a false
+      overflow. On CPU this single matrix-vector product is about 3x faster than
+      ``reduce_sum(g * 0)``: MindSpore's full ``ReduceSum`` over a large vector is
+      the slow part, and the product also avoids writing a ``g * 0`` temporary.
+    - other dtypes (bfloat16, float64): ``reduce_sum((g * 0).reshape(-1))``.
+
+    Summing the raw values is not exact (large finite values can overflow), and
+    ``isfinite(max|g|)`` misses nan on CPU. The exactness of every branch is
+    tested on inf, -inf and nan at several positions (tests/test_overflow.py).
 ``"float_status"`` (GPU)
     ``ops.FloatStatus`` per gradient (1.0 if it holds inf/nan), summed; MindSpore's GPU path.
 ``"ascend_saturation"`` (Ascend 910A; 910B+ with ``MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE``)
@@ -93,6 +100,12 @@ _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
 
 @_nonfinite_probe.register("Tensor")
 def _tensor_nonfinite_probe(grad):
+    """A float32 scalar: 0 if every value of ``grad`` is finite, else nan (see the module docstring)."""
+    dtype = ops.dtype(grad)
+    if dtype == mstype.float32 or dtype == mstype.float16:
+        matrix = grad.reshape(grad.shape[0], -1) if len(grad.shape) > 1 else grad.reshape(1, -1)
+        zero_row = ops.zeros((1, matrix.shape[0]), dtype)
+        return ops.cast(ops.reduce_sum(ops.matmul(zero_row, matrix)), mstype.float32)
     return ops.cast(ops.reduce_sum((grad * 0).reshape(-1)), mstype.float32)
 
 

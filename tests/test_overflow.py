@@ -1,7 +1,7 @@
 """Overflow detection: backend selection (pure) and what each branch builds on CPU."""
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import TrainOneStepWithLossScaleCell, choose_overflow_check
@@ -50,16 +50,45 @@ class _Indicator(nn.Cell):
         return nonfinite_indicator(self.hyper_map, grads)
 
 
+@pytest.fixture(scope="module")
+def indicator():
+    return _Indicator()
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan])
-def test_indicator_is_exact(dtype, bad):
+@pytest.mark.parametrize("bad", [None, np.inf, -np.inf, np.nan, "inf-inf"])
+def test_indicator_is_exact(indicator, dtype, bad):
     largest = np.finfo(dtype).max
     grads = [np.full((64, 33), largest, dtype), np.full((7,), -largest, dtype), np.zeros((2, 3, 4), dtype)]
-    if bad is not None:
+    if bad == "inf-inf":  # opposite infinities in two tensors must not cancel out
+        grads[0][5, 5], grads[2][1, 1, 1] = np.inf, -np.inf
+    elif bad is not None:
         grads[1][3] = bad
-    value = float(_Indicator()(tuple(Tensor(g) for g in grads)).asnumpy())
-    # Huge finite values never give a false overflow (a plain sum would reach inf).
+    # mutable: the tuple is a runtime input, so the CPU kernels run (a constant tuple would be folded
+    # at compile time).
+    value = float(indicator(mutable(tuple(Tensor(g) for g in grads))).asnumpy())
+    # Huge finite values never give a false overflow (a plain sum in the gradient's dtype would reach inf).
     assert np.isfinite(value) == (bad is None)
+
+
+PROBE_SHAPES = [(1024, 784), (7,), (6, 1, 5, 5), (3, 1000), (1000, 3), (1, 1), ()]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", PROBE_SHAPES)
+def test_indicator_finds_every_position(indicator, dtype, shape):
+    """inf, -inf and nan at the first, last, middle and a random position, among the largest finite values."""
+    rng = np.random.RandomState(len(shape))
+    size = int(np.prod(shape))
+    values = (np.finfo(dtype).max * np.sign(rng.randn(size) + 0.1)).astype(dtype)
+    other = np.ones((3, 2), dtype)
+    assert np.isfinite(float(indicator(mutable((Tensor(values.reshape(shape)), Tensor(other)))).asnumpy()))
+    for bad in (np.inf, -np.inf, np.nan):
+        for position in sorted({0, size - 1, size // 2, int(rng.randint(size))}):
+            broken = values.copy()
+            broken[position] = bad
+            value = indicator(mutable((Tensor(other), Tensor(broken.reshape(shape))))).asnumpy()
+            assert not np.isfinite(float(value)), (bad, position)
 
 
 @pytest.mark.parametrize("check, op", [
