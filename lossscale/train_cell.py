@@ -5,11 +5,11 @@ Per call (one training step, no host sync inside the graph)::
     loss  = network(*inputs)
     sens  = loss scale, cast to the loss dtype
     grads = d(loss * sens)/d(weights)                   # backward on the scaled loss
-    grads[smallest] += loss * 0                         # a non-finite loss makes the step overflow
     grads = grads * (1 / scale)                         # in float32, cast back to each grad's dtype
     grads = grad_reducer(grads)                         # all-reduce under data parallel
     overflow = some grad is inf/nan                     # backend-specific check, see lossscale.overflow
                                                         # (with clipping: the global norm is not finite)
+               or the loss is inf/nan
     overflow = all-reduce(overflow) under data parallel # every rank takes the same decision
     update cell(scale, overflow)                        # dynamic: back off / grow
     counters: steps, skipped, consecutive overflows, last overflow step (saturating int32)
@@ -219,7 +219,6 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._norm_decides = self.clip_global_norm is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
-        self._poison_index = int(np.argmin([p.size for p in self.weights])) if self.weights else 0
         self._zero = Tensor(0.0, mstype.float32)
         self._one = Tensor(1.0, mstype.float32)
         self._int_zero = Tensor(0, mstype.int32)
@@ -366,8 +365,6 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         if self.debug_overflow:
             grads = ops.depend(grads, self._record_forensics(grads, loss))
-        if self.drop_overflow_update:
-            grads = self._poison_with_loss(grads, loss)
         if not self.optimizer_unscales:
             inv_scale = self._one / ops.cast(scaling_sens.reshape(()), mstype.float32)
             grads = _overflow.unscale_gradients(self.hyper_map, inv_scale, grads)
@@ -380,22 +377,22 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             flag = self._zero
         else:
             flag = self._local_overflow_flag(status, grads)
-        overflow = self._finish_step(flag, grads)
+        overflow = self._finish_step(self._with_loss_flag(flag, loss), grads)
         return loss, overflow, scaling_sens
 
-    def _poison_with_loss(self, grads, loss):
-        """Add ``loss * 0`` (0, or nan for a non-finite loss) to the smallest gradient.
+    def _with_loss_flag(self, flag, loss):
+        """Count a non-finite loss as an overflow (when overflowing steps are dropped).
 
-        Every backend's check then sees a non-finite loss, and under data parallel it
-        reaches every rank through the gradient all-reduce: no extra collective.
+        Added to the local flag, it reaches every rank through the flag's all-reduce
+        under data parallel, whatever the backend's check.
         """
-        index = self._poison_index
-        poisoned = grads[index] + ops.cast(loss * 0, ops.dtype(grads[index]))
-        return grads[:index] + (poisoned,) + grads[index + 1:]
+        if self.drop_overflow_update:
+            return flag + ops.cast(ops.reduce_sum(loss * 0), mstype.float32)  # 0, or nan
+        return flag
 
     def _accumulation_step(self, loss, status, grads, scaling_sens):
         accumulated = self.hyper_map(_accumulate, self.accumulators, grads)
-        flag = self._local_overflow_flag(status, grads)
+        flag = self._with_loss_flag(self._local_overflow_flag(status, grads), loss)
         window_flag = ops.depend(self.window_overflow + flag, accumulated)
         micro = self.micro_step + self._int_one
         overflow = self._false
@@ -421,7 +418,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             grads = self.hyper_map(ops.partial(_clip, factor), grads)
         if self.is_distributed:
             flag = self.allreduce(flag)
-        overflow = self.process_loss_scale(flag > self._zero)
+        overflow = self.process_loss_scale(ops.not_equal(flag, self._zero))
         overflow = ops.depend(overflow, self._count(overflow))
         if self.drop_overflow_update:
             if not overflow:
@@ -469,7 +466,11 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         return status, compute_input
 
     def _local_overflow_flag(self, status, compute_output):
-        """A float32 scalar > 0 when this rank saw inf/nan (before any all-reduce)."""
+        """A float32 scalar, 0 when this rank's gradients are finite (before any all-reduce).
+
+        Non-zero means overflow: a count (``FloatStatus``, the Ascend status register,
+        ``AllFinite``) or nan (the exact CPU check). Sums and all-reduces keep it non-zero.
+        """
         if self.overflow_check == _overflow.ASCEND_SATURATION:
             status = ops.depend(status, compute_output)
             flag = ops.cast(NPUGetFloatStatusV2()(status), mstype.float32).sum()
@@ -480,7 +481,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         elif self.overflow_check == _overflow.FLOAT_STATUS:
             flag = _overflow.float_status_indicator(self.hyper_map, compute_output)
         else:
-            flag = ops.select(_overflow.any_nonfinite(self.hyper_map, compute_output), self._one, self._zero)
+            flag = _overflow.nonfinite_indicator(self.hyper_map, compute_output)
         return flag
 
     def get_overflow_status(self, status, compute_output):
@@ -488,7 +489,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         flag = self._local_overflow_flag(status, compute_output)
         if self.is_distributed:
             flag = self.allreduce(flag)
-        return flag > self._zero
+        return ops.not_equal(flag, self._zero)
 
     def process_loss_scale(self, overflow):
         """Call the update cell (if any) with the scale Parameter; return the overflow flag."""

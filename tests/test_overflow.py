@@ -71,7 +71,8 @@ def test_indicator_is_exact(indicator, dtype, bad):
     assert np.isfinite(value) == (bad is None)
 
 
-PROBE_SHAPES = [(1024, 784), (7,), (6, 1, 5, 5), (3, 1000), (1000, 3), (1, 1), ()]
+# Above and below GEMV_PROBE_MIN_SIZE (65536): both probe branches.
+PROBE_SHAPES = [(1024, 784), (3, 30000), (70000, 1), (1 << 16,), (7,), (6, 1, 5, 5), (1000, 3), (1, 1), ()]
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
