@@ -23,6 +23,7 @@ from common import LEVELS, MODELS  # noqa: E402  pylint: disable=wrong-import-po
 
 FULL = {"rounds": 10, "steps": 20, "warmup": 10}
 SMOKE = {"rounds": 2, "steps": 2, "warmup": 1}
+BUILDS = {"full": 3, "smoke": 1}  # fresh builds per variant for the first-call median
 
 
 def run_process(script, args, timeout):
@@ -40,15 +41,16 @@ def _timing_args(settings):
 
 
 def step_table(results):
-    header = (f"{'config':<12}{'plain':>16}{'plain_if':>16}{'lossscale':>16}{'ms_jit':>16}"
-              f"{'ls/plain':>10}{'ls/if':>8}{'ls/jit':>8}{'1st call ls/plain':>19}")
+    header = (f"{'config':<12}{'plain':>16}{'plain_if':>16}{'plain_wait':>16}{'lossscale':>16}{'ms_jit':>16}"
+              f"{'ls/plain':>10}{'ls/if':>8}{'ls/wait':>9}{'ls/jit':>8}{'1st call ls/plain':>19}")
     lines = [header, "-" * len(header)]
     for r in results:
         cells = "".join(f"{r['summary'][v]['median_ms']:>9.2f} ±{r['summary'][v]['iqr_ms']:>5.2f}"
-                        for v in ("plain", "plain_if", "lossscale", "ms_jit"))
+                        for v in ("plain", "plain_if", "plain_wait", "lossscale", "ms_jit"))
         ratios = r["ratios"]
         lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{ratios['lossscale/plain']:>10.3f}"
-                     f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/ms_jit']:>8.3f}"
+                     f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/plain_wait']:>9.3f}"
+                     f"{ratios['lossscale/ms_jit']:>8.3f}"
                      f"{r['first_call_ratio']:>19.2f}")
     lines.append("step times: median ± interquartile range in ms; ratios: median over rounds of paired ratios")
     return "\n".join(lines)
@@ -91,12 +93,13 @@ def main():
     settings = SMOKE if args.smoke else FULL
     timeout = 300 if args.smoke else 900
     start = time.time()
-    checks = run_process("bench_check.py", _timing_args({k: v for k, v in settings.items()}), timeout)["checks"]
+    checks = run_process("bench_check.py", _timing_args(settings), timeout)["checks"]
     steps = []
     for model in args.models:
         for level in args.levels:
             print(f"... {model} {level}", file=sys.stderr, flush=True)
-            steps.append(run_process("bench_step.py", ["--model", model, "--level", level,
+            builds = BUILDS["smoke" if args.smoke else "full"]
+            steps.append(run_process("bench_step.py", ["--model", model, "--level", level, f"--builds={builds}",
                                                        *_timing_args(settings)], timeout))
     print(step_table(steps))
     print()
