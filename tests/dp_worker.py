@@ -3,9 +3,11 @@
     msrun --worker_num=2 ... dp_worker.py OUT_DIR
 
 Each rank trains the test regression net on its half of every global batch, twice: run
-``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. It writes
-``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npz``
-(the trainable weights after every step, stacked).
+``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. Run ``loss`` trains a net
+whose loss is ``mean(w * y) + offset``, with ``offset = inf`` on rank 1 only at INJECT_STEP:
+that rank's loss is not finite while every gradient is, so only the all-reduced overflow flag
+can tell rank 0. It writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and
+``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
 """
 import json
 import os
@@ -18,7 +20,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import regression_batches, regression_net  # noqa: E402  pylint: disable=wrong-import-position
+from nets import LossPlusInput, regression_batches, regression_net  # noqa: E402  pylint: disable=wrong-import-position
 
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
 
@@ -46,14 +48,31 @@ def train(rank, size, inject):
     return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
 
 
+def train_with_nonfinite_loss(rank):
+    net = LossPlusInput()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager().get_update_cell())
+    y = Tensor(np.full(3, rank + 1.0, np.float32))
+    flags, scales, weights = [], [], []
+    for i in range(STEPS):
+        offset = np.float32(np.inf if i == INJECT_STEP and rank == 1 else 0.0)
+        _, overflow, scale = step(y, Tensor(offset))
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(scale.asnumpy()))
+        weights.append(net.w.asnumpy().copy())
+    return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
+
+
 def main(out):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, size = get_rank(), get_group_size()
     report = {"size": size}
-    for run in ("inject", "clean"):
-        report[run], weights = train(rank, size, inject=run == "inject")
+    for run in ("inject", "clean", "loss"):
+        if run == "loss":
+            report[run], weights = train_with_nonfinite_loss(rank)
+        else:
+            report[run], weights = train(rank, size, inject=run == "inject")
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)

@@ -29,7 +29,8 @@ def two_ranks(tmp_path_factory):
                    for f in sorted(os.listdir(out / "logs"))) if (out / "logs").exists() else ""
     assert done.returncode == 0, done.stdout[-3000:] + logs
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1) for name in ("inject", "clean")}
+    weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1)
+               for name in ("inject", "clean", "loss")}
     return reports, weights, command
 
 
@@ -42,6 +43,18 @@ def test_both_ranks_skip_the_step_where_only_rank_1_overflowed(two_ranks):
         assert report["inject"]["flags"] == expected_flags
         assert report["inject"]["scales"] == expected_scales
         assert report["inject"]["counters"]["skipped_steps"] == 1
+
+
+def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip(two_ranks):
+    """Gradients finite everywhere: the decision travels only through the all-reduced flag (nan + 0)."""
+    reports, weights, _ = two_ranks
+    expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
+    for rank, report in enumerate(reports):
+        assert report["loss"]["flags"] == expected_flags
+        assert report["loss"]["scales"] == [s.scale for s in run(dp_worker.manager().policy, expected_flags)]
+        step = dp_worker.INJECT_STEP
+        np.testing.assert_array_equal(weights[(rank, "loss")][step], weights[(rank, "loss")][step - 1])
+    np.testing.assert_array_equal(weights[(0, "loss")], weights[(1, "loss")])
 
 
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
