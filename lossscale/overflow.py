@@ -9,16 +9,14 @@ Checks (names returned by :func:`choose_overflow_check`):
 
     - each float32/float16 gradient with at least :data:`GEMV_PROBE_MIN_SIZE`
       values is reduced to one row, ``zeros(1, rows) @ g.reshape(rows, -1)``;
-    - those rows and every smaller gradient (as float32; a float64 one is
-      multiplied by 0 first) are concatenated, and the result is
-      ``reduce_sum(concatenation * 0)``.
+    - each row, and every smaller gradient (as float32; a float64 one is
+      multiplied by 0 first), gives ``reduce_sum(v * 0)``; the scalars are added.
 
     Why: on CPU, MindSpore's full ``ReduceSum`` over a large vector is slow and
     ``g * 0`` writes a temporary; the matrix-vector product reads the gradient
     once, multithreaded (about 3x faster on the MLP's 1024x1024 gradient). Small
     tensors are not worth a matrix product (each adds a kernel build to the first
-    call); concatenating them makes the check a handful of kernels whatever the
-    number of parameters. Summing the raw values is not exact (large finite values
+    call). Summing the raw values is not exact (large finite values
     can overflow), and ``isfinite(max|g|)`` misses nan on CPU. Exactness is tested
     on inf, -inf and nan at several positions, shapes and dtypes
     (tests/test_overflow.py).
@@ -139,7 +137,8 @@ def _tensor_probe_values(grad):
 
 @_probe_values.register("RowTensor")
 def _row_tensor_probe_values(grad):
-    return _tensor_probe_values(grad.values)
+    # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
+    return _exact_float32(grad.values.reshape(-1))
 
 
 def _tensor_nonfinite_probe(grad):
@@ -181,14 +180,34 @@ def unscale_gradients(hyper_map, inv_scale, grads):
     return hyper_map(ops.partial(_unscale, inv_scale), grads)
 
 
+def _total(scalars):
+    """The sum of a tuple of scalars, added one by one.
+
+    Not ``AddN`` or ``Concat``: with sparse (``RowTensor``) gradients the tuple's element types
+    are still undetermined when MindSpore infers a primitive that takes the whole tuple, and
+    that inference fails; element-wise additions are inferred later.
+    """
+    total = scalars[0]
+    for scalar in scalars[1:]:
+        total = total + scalar
+    return total
+
+
+_probe_sum = ops.MultitypeFuncGraph("_probe_sum")
+
+
+@_probe_sum.register("Tensor")
+def _tensor_probe_sum(values):
+    return ops.reduce_sum(values * 0)
+
+
 def nonfinite_indicator(hyper_map, grads):
     """A float32 scalar that is 0 when every gradient is finite and nan otherwise (graph mode).
 
-    Large gradients are reduced to one GEMV row each; those rows and the small gradients
-    are concatenated and checked with one ``reduce_sum(v * 0)``, so a model with many
-    small tensors costs a handful of kernels, not several per tensor.
+    Large gradients are reduced to one GEMV row each; each row or small gradient then gives
+    ``reduce_sum(v * 0)``, and those scalars are added.
     """
-    return ops.reduce_sum(ops.concat(hyper_map(_probe_values, grads)) * 0)
+    return _total(hyper_map(_probe_sum, hyper_map(_probe_values, grads)))
 
 
 def any_nonfinite(hyper_map, grads):
@@ -211,4 +230,4 @@ def nonfinite_per_tensor(hyper_map, grads):
 
 def float_status_indicator(hyper_map, grads):
     """A float32 scalar >= 1 when some gradient is inf/nan (GPU ``FloatStatus``; graph mode)."""
-    return ops.addn(hyper_map(_float_status, grads))
+    return _total(hyper_map(_float_status, grads))

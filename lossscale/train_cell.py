@@ -122,6 +122,29 @@ def _scale_parameter(scale_sense):
     raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
 
 
+def _refuse_sparse_gradients_on_cpu(network):
+    """Raise ``ValueError`` if ``network`` has cells that produce sparse gradients and the target is CPU.
+
+    ``nn.EmbeddingLookup(sparse=True)`` (the only choice with ``target="CPU"``) makes RowTensor
+    gradients. On MindSpore 2.10's CPU backend a graph that applies them under the overflow
+    condition next to the loss-scale state updates ends in a segmentation fault (reproduced here
+    with ``LazyAdam``, with a dynamic update cell or a fixed Tensor scale), so it is refused
+    with an error instead of killing the process.
+    """
+    import mindspore as ms
+
+    if ms.get_context("device_target") != "CPU":
+        return
+    sparse = [name or type(network).__name__ for name, cell in network.cells_and_names()
+              if isinstance(cell, nn.EmbeddingLookup) and getattr(cell, "sparse", False)]
+    if sparse:
+        raise ValueError(
+            f"'network' has cells with sparse (RowTensor) gradients: {', '.join(sparse)} "
+            f"(nn.EmbeddingLookup with sparse=True). On CPU, MindSpore 2.10 crashes with a segmentation fault "
+            f"when such gradients are applied in a graph that also updates the loss-scale state. Use nn.Embedding, "
+            f"whose gradients are dense, or train this network without loss scaling.")
+
+
 def _counter(name, value=0, dtype=mstype.int32):
     return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
 
@@ -201,6 +224,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def __init__(self, network, optimizer, scale_sense, *, drop_overflow_update=True, overflow_check=None,
                  clip_global_norm=None, accumulation_steps=1, overflow_policy="skip",
                  max_consecutive_overflows=None, debug_overflow=False):
+        _refuse_sparse_gradients_on_cpu(network)
         super().__init__(network, optimizer, sens=None)
         self.hyper_map = ops.HyperMap()
         self.scale_sense, self.loss_scaling_manager = _scale_parameter(scale_sense)

@@ -1,7 +1,7 @@
 """Overflow detection: backend selection (pure) and what each branch builds on CPU."""
 import numpy as np
 import pytest
-from mindspore import Tensor, mutable, nn, ops
+from mindspore import ParameterTuple, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import TrainOneStepWithLossScaleCell, choose_overflow_check
@@ -104,3 +104,31 @@ def test_gpu_and_ascend_branches_build_their_backend_op(check, op):
                                          overflow_check=check)
     with pytest.raises(RuntimeError, match=rf"Unsupported op \[{op}\] on CPU"):
         step(Tensor(np.ones((4, 6), np.float32)), Tensor(np.ones((4, 3), np.float32)))
+
+
+class _SparseGradientIndicator(nn.Cell):
+    """The indicator over the real gradients of a network whose embedding gradient is a RowTensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.EmbeddingLookup(20, 4, target="CPU", sparse=True)
+        self.dense = nn.Dense(4, 1)
+        self.hyper_map = ops.HyperMap()
+        self.grad = ops.GradOperation(get_by_list=True)
+        self.weights = ParameterTuple(self.trainable_params())
+
+    def loss(self, ids, offset):
+        return (self.dense(self.embedding(ids)) + offset).mean()
+
+    def construct(self, ids, offset):
+        grads = self.grad(self.loss, self.weights)(ids, offset)
+        return nonfinite_indicator(self.hyper_map, grads)
+
+
+def test_indicator_accepts_sparse_gradients():
+    """RowTensor gradients reach the check (a tuple primitive such as AddN or Concat fails to infer on them)."""
+    indicator = _SparseGradientIndicator()
+    ids = Tensor(np.array([[1, 2], [3, 4]], np.int32))
+    assert float(indicator(ids, Tensor(np.float32(0.5))).asnumpy()) == 0.0
+    indicator.dense.weight.set_data(Tensor(np.full((1, 4), np.inf, np.float32)))  # inf in the embedding gradient
+    assert not np.isfinite(float(indicator(ids, Tensor(np.float32(0.5))).asnumpy()))

@@ -174,6 +174,21 @@ def test_bad_overflow_check_and_drop_flag():
         TrainOneStepWithLossScaleCell(net, opt, Tensor(1.0), drop_overflow_update=1)
 
 
+def test_sparse_gradient_network_is_refused_on_cpu():
+    """MindSpore 2.10 segfaults on CPU when RowTensor gradients meet the loss-scale state updates."""
+    class WithEmbedding(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.lookup = nn.EmbeddingLookup(20, 4, target="CPU", sparse=True)
+
+        def construct(self, ids):
+            return self.lookup(ids).mean()
+
+    net = WithEmbedding()
+    with pytest.raises(ValueError, match=r"sparse \(RowTensor\) gradients: lookup .*nn.Embedding"):
+        TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0))
+
+
 def test_optimizer_loss_scale_that_disagrees_is_rejected():
     net = regression_net()
     dynamic = DynamicLossScaleManager(init_loss_scale=1024)
