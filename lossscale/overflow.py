@@ -99,6 +99,7 @@ def current_overflow_check():
 # ---- graph pieces ---------------------------------------------------------------------------
 GEMV_PROBE_MIN_SIZE = 1 << 16
 
+
 def _uses_gemv(grad):
     dtype = ops.dtype(grad)
     return (dtype == mstype.float32 or dtype == mstype.float16) and grad.size >= GEMV_PROBE_MIN_SIZE
@@ -124,26 +125,26 @@ def _exact_float32(values):
     return ops.cast(values * 0, mstype.float32)
 
 
-_probe_values = ops.MultitypeFuncGraph("_probe_values")
-
-
-@_probe_values.register("Tensor")
-def _tensor_probe_values(grad):
+def _probe_values(grad):
     """A float32 vector, all finite iff ``grad`` is: a large gradient's GEMV row, else its values."""
     if _uses_gemv(grad):
         return _exact_float32(_gemv_probe(grad).reshape(-1))
     return _exact_float32(grad.reshape(-1))
 
 
-@_probe_values.register("RowTensor")
-def _row_tensor_probe_values(grad):
-    # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
-    return _exact_float32(grad.values.reshape(-1))
+_nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
 
 
+@_nonfinite_probe.register("Tensor")
 def _tensor_nonfinite_probe(grad):
     """A float32 scalar: 0 if every value of ``grad`` is finite, else nan."""
-    return ops.reduce_sum(_tensor_probe_values(grad) * 0)
+    return ops.reduce_sum(_probe_values(grad) * 0)
+
+
+@_nonfinite_probe.register("RowTensor")
+def _row_tensor_nonfinite_probe(grad):
+    # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
+    return ops.reduce_sum(_exact_float32(grad.values.reshape(-1)) * 0)
 
 
 _float_status = ops.MultitypeFuncGraph("_float_status")
@@ -193,21 +194,13 @@ def _total(scalars):
     return total
 
 
-_probe_sum = ops.MultitypeFuncGraph("_probe_sum")
-
-
-@_probe_sum.register("Tensor")
-def _tensor_probe_sum(values):
-    return ops.reduce_sum(values * 0)
-
-
 def nonfinite_indicator(hyper_map, grads):
     """A float32 scalar that is 0 when every gradient is finite and nan otherwise (graph mode).
 
     Large gradients are reduced to one GEMV row each; each row or small gradient then gives
     ``reduce_sum(v * 0)``, and those scalars are added.
     """
-    return _total(hyper_map(_probe_sum, hyper_map(_probe_values, grads)))
+    return _total(hyper_map(_nonfinite_probe, grads))
 
 
 def any_nonfinite(hyper_map, grads):

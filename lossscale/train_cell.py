@@ -30,7 +30,7 @@ import logging
 import warnings
 
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.communication.management import GlobalComm
 from mindspore.context import ParallelMode
@@ -131,9 +131,7 @@ def _refuse_sparse_gradients_on_cpu(network):
     with ``LazyAdam``, with a dynamic update cell or a fixed Tensor scale), so it is refused
     with an error instead of killing the process.
     """
-    import mindspore as ms
-
-    if ms.get_context("device_target") != "CPU":
+    if get_context("device_target") != "CPU":
         return
     sparse = [name or type(network).__name__ for name, cell in network.cells_and_names()
               if isinstance(cell, nn.EmbeddingLookup) and getattr(cell, "sparse", False)]
