@@ -87,6 +87,28 @@ def test_model_skipped_batches_match_a_model_that_never_saw_them():
         np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+def test_model_in_dataset_sink_mode_matches_step_by_step_training():
+    x, y = _classification_data()
+    x_bad = x.copy()
+    x_bad[BAD_ROW, 3] = np.inf
+
+    def train(sink):
+        net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+        manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=3)
+        model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
+        model.train(2, _dataset(x_bad, y), dataset_sink_mode=sink)
+        return snapshot(net), manager, model.train_network
+
+    sunk, manager, train_network = train(sink=True)
+    stepped, _, _ = train(sink=False)
+    flags = [step % 8 == 2 for step in range(16)]
+    assert train_network.overflow_counters() == {"steps": 16, "skipped_steps": 2, "consecutive_overflows": 0,
+                                                 "last_overflow_step": 11}
+    assert manager.get_loss_scale() == run(manager.policy, flags)[-1].scale
+    for name, value in stepped.items():
+        np.testing.assert_array_equal(sunk[name], value, err_msg=name)
+
+
 def test_mindspore_model_refuses_dynamic_scaling_on_cpu_but_accepts_our_manager_type():
     net = nn.Dense(8, 2)
     with pytest.raises(ValueError, match="supported on device `CPU`"):
