@@ -1,4 +1,5 @@
 """TrainOneStepWithLossScaleCell on CPU: overflow decisions, skip semantics, unscaling, optimizer checks."""
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, load_checkpoint, load_param_into_net, nn, save_checkpoint
@@ -105,6 +106,42 @@ def test_skipped_step_leaves_optimizer_state_bit_identical():
     for name in before:
         assert np.array_equal(before[name], after[name]), name
     assert after["global_step"].item() == 1 and step.get_loss_scale() == 512.0
+
+
+@pytest.fixture
+def pynative_mode():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def _train_with_injected_inf(batches, inject_at):
+    net = regression_net()
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+    step = TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), learning_rate=0.01),
+                                         manager.get_update_cell(), clip_global_norm=1.0)
+    flags, scales = [], []
+    for index, (x, y) in enumerate(batches):
+        x = x.copy()
+        if index == inject_at:
+            x[0, 0] = np.inf
+        _, overflow, scale = step(Tensor(x), Tensor(y))
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(scale.asnumpy()))
+    return flags, scales, step.overflow_counters(), snapshot(step), manager.policy
+
+
+def test_pynative_mode_gives_the_same_steps_as_graph_mode(pynative_mode):
+    """MindSpore's default mode is PyNative: the cell runs eagerly there (one host sync per step at the `if`)."""
+    batches = regression_batches(5)
+    eager = _train_with_injected_inf(batches, inject_at=2)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    graph = _train_with_injected_inf(batches, inject_at=2)
+    assert eager[0] == graph[0] == [False, False, True, False, False]
+    assert eager[1] == graph[1] == [state.scale for state in run(graph[4], graph[0])]
+    assert eager[2] == graph[2]
+    for name, value in graph[3].items():
+        np.testing.assert_allclose(eager[3][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_float16_gradients_unscale_exactly_at_scale_2_pow_25():
