@@ -68,6 +68,24 @@ def test_model_trains_on_cpu_with_dynamic_scaling_and_an_overflowing_batch(amp_l
     assert model.eval(_dataset(x, y))["acc"] >= 0.9
 
 
+def test_model_accepts_mindspore_own_manager_on_cpu():
+    x, y = _classification_data()
+    x_bad = x.copy()
+    x_bad[BAD_ROW, 3] = np.inf
+    net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    manager = ms.amp.DynamicLossScaleManager(2**10, 2, 2)
+    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
+    assert isinstance(model.train_network.loss_scaling_manager, nn.DynamicLossScaleUpdateCell)
+    recorder = StepRecorder()
+    model.train(2, _dataset(x_bad, y), callbacks=[recorder])
+
+    flags = [overflow for overflow, _ in recorder.rows]
+    assert flags == [step % 8 == 2 for step in range(16)]
+    same_rule = DynamicLossScaleManager(2**10, 2, 2).policy  # below the ceiling the two rules agree
+    assert [scale for _, scale in recorder.rows] == [state.scale for state in run(same_rule, flags)]
+    assert manager.get_loss_scale() == recorder.rows[-1][1]
+
+
 def test_model_skipped_batches_match_a_model_that_never_saw_them():
     x, y = _classification_data()
     x_bad = x.copy()
