@@ -128,7 +128,8 @@ def _train_with_injected_inf(batches, inject_at):
         _, overflow, scale = step(Tensor(x), Tensor(y))
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
-    return flags, scales, step.overflow_counters(), snapshot(step), manager.policy
+    return {"flags": flags, "scales": scales, "counters": step.overflow_counters(), "state": snapshot(step),
+            "policy": manager.policy}
 
 
 def test_pynative_mode_gives_the_same_steps_as_graph_mode(pynative_mode):
@@ -137,11 +138,11 @@ def test_pynative_mode_gives_the_same_steps_as_graph_mode(pynative_mode):
     eager = _train_with_injected_inf(batches, inject_at=2)
     ms.set_context(mode=ms.GRAPH_MODE)
     graph = _train_with_injected_inf(batches, inject_at=2)
-    assert eager[0] == graph[0] == [False, False, True, False, False]
-    assert eager[1] == graph[1] == [state.scale for state in run(graph[4], graph[0])]
-    assert eager[2] == graph[2]
-    for name, value in graph[3].items():
-        np.testing.assert_allclose(eager[3][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert eager["flags"] == graph["flags"] == [False, False, True, False, False]
+    assert eager["scales"] == graph["scales"] == [state.scale for state in run(graph["policy"], graph["flags"])]
+    assert eager["counters"] == graph["counters"]
+    for name, value in graph["state"].items():
+        np.testing.assert_allclose(eager["state"][name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_float16_gradients_unscale_exactly_at_scale_2_pow_25():
