@@ -8,7 +8,6 @@ from mindspore.train import Accuracy, Callback, LossMonitor
 
 from lossscale import (
     DynamicLossScaleManager,
-    DynamicLossScaleUpdateCell,
     FixedLossScaleManager,
     Model,
     TrainOneStepWithLossScaleCell,
@@ -25,6 +24,14 @@ def _classification_data():
     x = rng.randn(64, 8).astype(np.float32)
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(np.int32)
     return x, y
+
+
+def _classification_data_with_inf():
+    """``(x, x_bad, y)``: x_bad is x with inf in row BAD_ROW, so batch 2 of every epoch overflows."""
+    x, y = _classification_data()
+    x_bad = x.copy()
+    x_bad[BAD_ROW, 3] = np.inf
+    return x, x_bad, y
 
 
 def _dataset(x, y):
@@ -49,9 +56,7 @@ def _loss_fn():
 
 @pytest.mark.parametrize("amp_level", ["O0", "O2"])
 def test_model_trains_on_cpu_with_dynamic_scaling_and_an_overflowing_batch(amp_level, capsys):
-    x, y = _classification_data()
-    x_bad = x.copy()
-    x_bad[BAD_ROW, 3] = np.inf
+    x, x_bad, y = _classification_data_with_inf()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
     model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc": Accuracy()},
@@ -69,9 +74,7 @@ def test_model_trains_on_cpu_with_dynamic_scaling_and_an_overflowing_batch(amp_l
 
 
 def test_model_accepts_mindspore_own_manager_on_cpu():
-    x, y = _classification_data()
-    x_bad = x.copy()
-    x_bad[BAD_ROW, 3] = np.inf
+    x, x_bad, y = _classification_data_with_inf()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
     manager = ms.amp.DynamicLossScaleManager(2**10, 2, 2)
     model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
@@ -87,9 +90,7 @@ def test_model_accepts_mindspore_own_manager_on_cpu():
 
 
 def test_model_skipped_batches_match_a_model_that_never_saw_them():
-    x, y = _classification_data()
-    x_bad = x.copy()
-    x_bad[BAD_ROW, 3] = np.inf
+    x, x_bad, y = _classification_data_with_inf()
     keep = np.ones(64, bool)
     keep[16:24] = False  # the batch holding BAD_ROW
 
@@ -106,9 +107,7 @@ def test_model_skipped_batches_match_a_model_that_never_saw_them():
 
 
 def test_model_in_dataset_sink_mode_matches_step_by_step_training():
-    x, y = _classification_data()
-    x_bad = x.copy()
-    x_bad[BAD_ROW, 3] = np.inf
+    x, x_bad, y = _classification_data_with_inf()
 
     def train(sink):
         net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
