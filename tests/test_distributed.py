@@ -8,7 +8,7 @@ import psutil
 import pytest
 from mindspore import Tensor, nn
 
-from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell
+from lossscale import TrainOneStepWithLossScaleCell
 from lossscale.distributed import launch_environment, msrun_command, run_msrun
 from lossscale.policy import run
 from nets import regression_batches, regression_net
