@@ -1,44 +1,56 @@
-"""Overflow detection per backend: which check runs where, and the graph pieces of each.
+"""Overflow detection: one check object per backend, and the exact graph pieces they are made of.
+
+Every check is a small Cell with MindSpore's own two-phase protocol (the split of
+``nn.TrainOneStepWithLossScaleCell.start_overflow_check`` / ``get_overflow_status``)::
+
+    status, compute_input = check.start(pre_cond, compute_input)   # after the loss, before backward
+    flag = check.flag(status, compute_output)                      # after the gradients
+
+``flag`` is a float32 scalar for this rank: 0 when every gradient is finite, non-zero
+(a count, or nan) otherwise. Sums and all-reduces keep it non-zero, so the
+distributed decision is ``all_reduce(flag) != 0`` whatever the backend.
 
 Checks (names returned by :func:`choose_overflow_check`):
 
-``"isfinite"`` (CPU; generic)
-    Exact inf/nan test giving one float32 scalar, 0 when every value is finite
-    and nan otherwise (``0 * inf`` and ``0 * nan`` are nan, ``0 * x`` is 0 for any
-    finite x, however large):
+``"isfinite"`` (:class:`IsFiniteCheck`, CPU and generic)
+    Exact: each float32/float16 gradient with at least :data:`GEMV_PROBE_MIN_SIZE`
+    values is reduced to one row, ``zeros(1, rows) @ g.reshape(rows, -1)``; each row,
+    and every smaller gradient (as float32; a float64 one is multiplied by 0 first),
+    gives ``reduce_sum(v * 0)``; the scalars are added. ``0 * x`` is 0 for every
+    finite x and nan for inf or nan, so the result is 0 or nan: no false overflow
+    from large finite values, no missed nan. The matrix-vector product reads a
+    large gradient once, multithreaded (MindSpore's CPU ``ReduceSum`` over a large
+    vector is slow). Sparse (RowTensor) gradients use their values.
+``"float_status"`` (:class:`FloatStatusCheck`, GPU)
+    ``FloatStatus`` per gradient (1.0 if it holds inf/nan), summed: MindSpore's GPU path.
+``"ascend_saturation"`` (:class:`AscendSaturationCheck`, Ascend 910A, or 910B+ with
+``MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE``)
+    Saturating arithmetic produces no inf, so the NPU's sticky float-status register
+    is read instead: ``NPUClearFloatStatusV2`` once the loss exists and before
+    backward (``start``), ``NPUGetFloatStatusV2`` once every gradient exists, then a
+    second clear so the next step starts clean (``flag``).
+``"ascend_allfinite"`` (:class:`AllFiniteCheck`, Ascend 910B+ in INFNAN mode, the default)
+    MindSpore's fused ``AllFinite`` kernel. Despite its name its output is True when
+    some gradient is NOT finite (MindSpore 2.10's ``amp.py``:
+    ``status_finite = ~AllFinite()(inputs)``).
 
-    - each float32/float16 gradient with at least :data:`GEMV_PROBE_MIN_SIZE`
-      values is reduced to one row, ``zeros(1, rows) @ g.reshape(rows, -1)``;
-    - each row, and every smaller gradient (as float32; a float64 one is
-      multiplied by 0 first), gives ``reduce_sum(v * 0)``; the scalars are added.
+What ran where: only ``"isfinite"`` runs on this project's CPU machines with the real
+kernels. Each other check takes its primitives as constructor arguments; the tests
+build them with CPU stand-ins (a computable ``FloatStatus``, a host-side status
+register driven by runtime ``pyfunc`` ops, an ``AllFinite`` with MindSpore's
+polarity) and check the logic around the primitive: ordering of clear/get, summing,
+polarity and the all-reduce. With the real NPU/GPU primitives each graph compiles on
+CPU until kernel selection; none has run on a GPU or an NPU.
 
-    Why: on CPU, MindSpore's full ``ReduceSum`` over a large vector is slow and
-    ``g * 0`` writes a temporary; the matrix-vector product reads the gradient
-    once, multithreaded (about 3x faster on the MLP's 1024x1024 gradient). Small
-    tensors are not worth a matrix product (each adds a kernel build to the first
-    call). Summing the raw values is not exact (large finite values
-    can overflow), and ``isfinite(max|g|)`` misses nan on CPU. Exactness is tested
-    on inf, -inf and nan at several positions, shapes and dtypes
-    (tests/test_overflow.py).
-``"float_status"`` (GPU)
-    ``ops.FloatStatus`` per gradient (1.0 if it holds inf/nan), summed; MindSpore's GPU path.
-``"ascend_saturation"`` (Ascend 910A; 910B+ with ``MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE``)
-    The NPU's sticky float-status register: ``NPUClearFloatStatusV2`` after the loss
-    and before backward, ``NPUGetFloatStatusV2`` after the gradients.
-``"ascend_allfinite"`` (Ascend 910B+ in INFNAN mode, the default there)
-    MindSpore's fused ``AllFinite`` kernel. Despite its name its output is True
-    when some gradient is NOT finite: verified in MindSpore 2.10's source, where
-    ``mindspore/amp.py`` computes ``status_finite = ~AllFinite()(inputs)`` and
-    ``nn/wrap/loss_scale.py`` uses ``AllFinite()(grads)`` as the overflow flag.
-    The kernel does not exist on CPU, so this project has not run it.
-
-Only ``"isfinite"`` has been run by this project (CPU). The GPU and Ascend
-branches are built from MindSpore 2.10's own train cell and are covered here by
-strategy-selection and graph-construction tests only.
+Example:
+    >>> choose_overflow_check("CPU"), choose_overflow_check("Ascend", "SATURATION_MODE")
+    ('isfinite', 'ascend_saturation')
+    >>> type(make_overflow_check("isfinite")).__name__
+    'IsFiniteCheck'
 """
 import os
 
-from mindspore import ops
+from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.sparse_tensor import RowTensorInner
 
@@ -49,6 +61,8 @@ ASCEND_ALLFINITE = "ascend_allfinite"
 OVERFLOW_CHECKS = (ISFINITE, FLOAT_STATUS, ASCEND_SATURATION, ASCEND_ALLFINITE)
 DEVICE_TARGETS = ("CPU", "GPU", "Ascend")
 ASCEND_MODES = ("SATURATION_MODE", "INFNAN_MODE")
+# The SoC feature MindSpore >= 2.10 reports for the 910A ("classic" loss-scale training: saturation only).
+_CLASSIC_FEATURE = "amp_loss_scale_train_classic_target"
 
 
 def choose_overflow_check(device_target, ascend_mode=None, ascend_saturation_only=False):
@@ -64,8 +78,8 @@ def choose_overflow_check(device_target, ascend_mode=None, ascend_saturation_onl
         One of :data:`OVERFLOW_CHECKS`.
 
     Example:
-        >>> choose_overflow_check("CPU"), choose_overflow_check("Ascend", "SATURATION_MODE")
-        ('isfinite', 'ascend_saturation')
+        >>> choose_overflow_check("GPU"), choose_overflow_check("Ascend", ascend_saturation_only=True)
+        ('float_status', 'ascend_saturation')
     """
     if device_target not in DEVICE_TARGETS:
         raise ValueError(f"'device_target' must be one of {DEVICE_TARGETS}, but got {device_target!r}.")
@@ -81,37 +95,65 @@ def choose_overflow_check(device_target, ascend_mode=None, ascend_saturation_onl
     return ASCEND_ALLFINITE
 
 
-def current_overflow_check():
-    """The check for the current MindSpore context and environment (see :func:`choose_overflow_check`)."""
-    import mindspore as ms
+def ascend_saturation_only(context=None):
+    """True if the Ascend SoC supports only saturation mode (the 910A), on every supported MindSpore.
+
+    MindSpore 2.10 answers with ``MSContext.ascend_soc_supports_feature``; earlier
+    releases only have ``get_ascend_soc_version()``, which is ``"ascend910"`` on a 910A.
+    ``context`` defaults to ``MSContext.get_instance()`` (a parameter so tests can pass a stand-in).
+
+    Example:
+        >>> class Older:                       # a MindSpore before 2.10 on a 910B
+        ...     def get_ascend_soc_version(self):
+        ...         return "ascend910b"
+        >>> ascend_saturation_only(Older())
+        False
+    """
+    if context is None:  # pragma: no cover - the real context only matters on an NPU
+        from mindspore._c_expression import MSContext  # pylint: disable=import-outside-toplevel
+
+        context = MSContext.get_instance()
+    if hasattr(context, "ascend_soc_supports_feature"):
+        return bool(context.ascend_soc_supports_feature(_CLASSIC_FEATURE))
+    return context.get_ascend_soc_version() == "ascend910"
+
+
+def current_overflow_check(context=None):
+    """The check for the current MindSpore context and environment (see :func:`choose_overflow_check`).
+
+    Example:
+        >>> current_overflow_check()   # the tests run on CPU
+        'isfinite'
+    """
+    import mindspore as ms  # pylint: disable=import-outside-toplevel
 
     device_target = ms.get_context("device_target")
-    ascend_saturation_only = False
-    if device_target == "Ascend":  # pragma: no cover - needs an NPU
-        from mindspore._c_expression import MSContext
-
-        ascend_saturation_only = MSContext.get_instance().ascend_soc_supports_feature(
-            "amp_loss_scale_train_classic_target")
+    saturation_only = device_target == "Ascend" and ascend_saturation_only(context)
     return choose_overflow_check(device_target, os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") or None,
-                                 ascend_saturation_only)
+                                 saturation_only)
 
 
-# ---- graph pieces ---------------------------------------------------------------------------
+# ---- exact graph pieces -------------------------------------------------------------------------
 GEMV_PROBE_MIN_SIZE = 1 << 16
+# Multiplier of the fingerprint: finite values times 2**-64 cannot overflow float32 when summed.
+_FINGERPRINT_WEIGHT = 2.0**-64
 
 
-def _uses_gemv(grad):
+def _uses_gemv(grad, weight):
+    """Whether ``grad`` is reduced through a GEMV row: large float32 ones, and large float16 ones for
+    the inf/nan probe (weight 0; a float16 row could not hold the fingerprint's 2**-64)."""
     dtype = ops.dtype(grad)
-    return (dtype == mstype.float32 or dtype == mstype.float16) and grad.size >= GEMV_PROBE_MIN_SIZE
+    wide_enough = dtype == mstype.float32 or (dtype == mstype.float16 and weight == 0)
+    return wide_enough and grad.size >= GEMV_PROBE_MIN_SIZE
 
 
-def _gemv_probe(grad):
-    """``zeros(1, rows) @ grad.reshape(rows, -1)``: a row of 0 (all finite) or nan values."""
+def _gemv_probe(grad, weight):
+    """``full((1, rows), weight) @ grad.reshape(rows, -1)``: one row per large gradient."""
     matrix = grad.reshape(grad.shape[0], -1) if len(grad.shape) > 1 else grad.reshape(1, -1)
-    return ops.matmul(ops.zeros((1, matrix.shape[0]), ops.dtype(grad)), matrix)
+    return ops.matmul(ops.full((1, matrix.shape[0]), weight, dtype=ops.dtype(grad)), matrix)
 
 
-def _exact_float32(values):
+def exact_float32(values):
     """``values`` as float32 without creating or losing a non-finite value.
 
     float16 and bfloat16 convert exactly; wider dtypes are multiplied by 0 first, since a
@@ -125,11 +167,15 @@ def _exact_float32(values):
     return ops.cast(values * 0, mstype.float32)
 
 
-def _probe_values(grad):
-    """A float32 vector, all finite iff ``grad`` is: a large gradient's GEMV row, else its values."""
-    if _uses_gemv(grad):
-        return _exact_float32(_gemv_probe(grad).reshape(-1))
-    return _exact_float32(grad.reshape(-1))
+def _weighted_sum(grad, weight):
+    """``sum(grad * weight)`` as a float32 scalar (weight 0: 0 if finite, else nan).
+
+    A large gradient goes through one GEMV row (``weight`` times its column sums), a small
+    one through ``reduce_sum(v * weight)`` in float32.
+    """
+    if _uses_gemv(grad, weight):
+        return ops.reduce_sum(exact_float32(_gemv_probe(grad, weight)))
+    return ops.reduce_sum(exact_float32(grad.reshape(-1)) * weight)
 
 
 _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
@@ -138,26 +184,44 @@ _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
 @_nonfinite_probe.register("Tensor")
 def _tensor_nonfinite_probe(grad):
     """A float32 scalar: 0 if every value of ``grad`` is finite, else nan."""
-    return ops.reduce_sum(_probe_values(grad) * 0)
+    return _weighted_sum(grad, 0.0)
 
 
 @_nonfinite_probe.register("RowTensor")
 def _row_tensor_nonfinite_probe(grad):
     # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
-    return ops.reduce_sum(_exact_float32(grad.values.reshape(-1)) * 0)
+    return ops.reduce_sum(exact_float32(grad.values.reshape(-1)) * 0)
 
 
-_float_status = ops.MultitypeFuncGraph("_float_status")
+@_nonfinite_probe.register("None")
+def _none_nonfinite_probe(grad):
+    return Tensor(0.0, mstype.float32)
 
 
-@_float_status.register("Tensor")
-def _tensor_float_status(grad):
-    return ops.FloatStatus()(grad).reshape(())
+_fingerprint = ops.MultitypeFuncGraph("_fingerprint")
 
 
-@_float_status.register("RowTensor")
-def _row_tensor_float_status(grad):
-    return _tensor_float_status(grad.values)
+@_fingerprint.register("Tensor")
+def _tensor_fingerprint(grad):
+    return _weighted_sum(grad, _FINGERPRINT_WEIGHT)
+
+
+@_fingerprint.register("None")
+def _none_fingerprint(grad):
+    return Tensor(0.0, mstype.float32)
+
+
+_dense_values = ops.MultitypeFuncGraph("_dense_values")
+
+
+@_dense_values.register("Tensor")
+def _tensor_dense_values(grad):
+    return grad
+
+
+@_dense_values.register("RowTensor")
+def _row_tensor_dense_values(grad):
+    return grad.values
 
 
 _unscale = ops.MultitypeFuncGraph("_unscale")
@@ -176,8 +240,13 @@ def _row_tensor_unscale(inv_scale, grad):
     return RowTensorInner(grad.indices, _tensor_unscale(inv_scale, grad.values), grad.dense_shape)
 
 
+@_unscale.register("Tensor", "None")
+def _none_unscale(inv_scale, grad):
+    return grad
+
+
 def unscale_gradients(hyper_map, inv_scale, grads):
-    """Multiply every gradient by the float32 ``inv_scale`` (graph mode)."""
+    """Multiply every gradient by the float32 ``inv_scale`` (graph mode); None entries pass through."""
     return hyper_map(ops.partial(_unscale, inv_scale), grads)
 
 
@@ -208,6 +277,17 @@ def any_nonfinite(hyper_map, grads):
     return ops.logical_not(ops.isfinite(nonfinite_indicator(hyper_map, grads)))
 
 
+def fingerprint(hyper_map, grads):
+    """A float32 scalar that depends on the gradients' values: ``sum(g * 2**-64)`` over all of them.
+
+    Finite iff every gradient is finite (finite values times 2**-64 cannot overflow when
+    summed). Deterministic for the same values, so two calls on the same gradients give
+    the same number; :class:`lossscale.GradScaler` uses it to recognise gradients it has
+    already seen.
+    """
+    return _total(hyper_map(_fingerprint, grads))
+
+
 _nonfinite_flag = ops.MultitypeFuncGraph("_nonfinite_flag")
 
 
@@ -221,6 +301,146 @@ def nonfinite_per_tensor(hyper_map, grads):
     return hyper_map(_nonfinite_flag, grads)
 
 
-def float_status_indicator(hyper_map, grads):
-    """A float32 scalar >= 1 when some gradient is inf/nan (GPU ``FloatStatus``; graph mode)."""
-    return _total(hyper_map(_float_status, grads))
+# ---- one check object per backend -------------------------------------------------------------
+def _initial_status():
+    """The 8 x int32 status MindSpore's Ascend ops read and write (a constant elsewhere)."""
+    return Tensor([0] * 8, mstype.int32)
+
+
+class IsFiniteCheck(nn.Cell):
+    """Exact inf/nan check from stock kernels (CPU; works on every backend).
+
+    Example:
+        >>> import numpy as np
+        >>> check = IsFiniteCheck()
+        >>> grads = (Tensor(np.array([1.0, np.inf], np.float32)),)
+        >>> float(check.flag(None, grads))
+        nan
+    """
+
+    name = ISFINITE
+
+    def __init__(self):
+        super().__init__(auto_prefix=False)
+        self.hyper_map = ops.HyperMap()
+
+    def start(self, pre_cond, compute_input):
+        """Nothing to prepare: ``(status, compute_input)`` unchanged."""
+        return _initial_status(), compute_input
+
+    def flag(self, status, compute_output):
+        """0 when every tensor of ``compute_output`` is finite, nan otherwise."""
+        return nonfinite_indicator(self.hyper_map, compute_output)
+
+
+class FloatStatusCheck(nn.Cell):
+    """GPU: ``FloatStatus`` (1.0 for a tensor holding inf/nan) per gradient, summed.
+
+    Args:
+        float_status (callable, optional): the primitive; default ``ops.FloatStatus()``.
+            Tests pass a CPU-computable stand-in with the same contract.
+    """
+
+    name = FLOAT_STATUS
+
+    def __init__(self, float_status=None):
+        super().__init__(auto_prefix=False)
+        self.hyper_map = ops.HyperMap()
+        self.float_status = ops.FloatStatus() if float_status is None else float_status
+
+    def start(self, pre_cond, compute_input):
+        """Nothing to prepare: ``(status, compute_input)`` unchanged."""
+        return _initial_status(), compute_input
+
+    def flag(self, status, compute_output):
+        """The number of tensors of ``compute_output`` that hold inf/nan (float32)."""
+        counts = ()
+        for values in self.hyper_map(_dense_values, compute_output):
+            counts = counts + (ops.cast(self.float_status(values), mstype.float32).reshape(()),)
+        return _total(counts)
+
+
+class AscendSaturationCheck(nn.Cell):
+    """Ascend saturation mode: the sticky float-status register, cleared before backward and read after.
+
+    Args:
+        clear_status, get_status (callable, optional): ``NPUClearFloatStatusV2()`` and
+            ``NPUGetFloatStatusV2()`` by default. Tests pass stand-ins driving a
+            host-side register.
+    """
+
+    name = ASCEND_SATURATION
+
+    def __init__(self, clear_status=None, get_status=None):
+        super().__init__(auto_prefix=False)
+        if clear_status is None or get_status is None:
+            from mindspore.ops.operations.math_ops import (  # pylint: disable=import-outside-toplevel
+                NPUClearFloatStatusV2, NPUGetFloatStatusV2)
+
+            clear_status = clear_status or NPUClearFloatStatusV2()
+            get_status = get_status or NPUGetFloatStatusV2()
+        self.clear_status = clear_status
+        self.get_status = get_status
+
+    def start(self, pre_cond, compute_input):
+        """Clear the register once ``pre_cond`` exists; make ``compute_input`` wait for the clear."""
+        status = ops.depend(_initial_status(), pre_cond)
+        cleared = self.clear_status(status)
+        return status, ops.depend(compute_input, cleared)
+
+    def flag(self, status, compute_output):
+        """Read the register once ``compute_output`` exists, then clear it for the next step."""
+        status = ops.depend(status, compute_output)
+        flag = ops.cast(self.get_status(status), mstype.float32).sum()
+        status = ops.depend(status, flag)
+        return ops.depend(flag, self.clear_status(status))
+
+
+class AllFiniteCheck(nn.Cell):
+    """Ascend INFNAN mode: MindSpore's fused ``AllFinite`` (True when some input is NOT finite).
+
+    Args:
+        all_finite (callable, optional): default ``AllFinite()``; tests pass a stand-in.
+    """
+
+    name = ASCEND_ALLFINITE
+
+    def __init__(self, all_finite=None):
+        super().__init__(auto_prefix=False)
+        if all_finite is None:
+            from mindspore.ops.operations.nn_ops import AllFinite  # pylint: disable=import-outside-toplevel
+
+            all_finite = AllFinite()
+        self.all_finite = all_finite
+
+    def start(self, pre_cond, compute_input):
+        """Nothing to prepare: ``(status, compute_input)`` unchanged."""
+        return _initial_status(), compute_input
+
+    def flag(self, status, compute_output):
+        """1.0 when some tensor of ``compute_output`` is not finite, else 0.0."""
+        return ops.cast(self.all_finite(compute_output), mstype.float32).reshape(())
+
+
+CHECK_CLASSES = {ISFINITE: IsFiniteCheck, FLOAT_STATUS: FloatStatusCheck,
+                 ASCEND_SATURATION: AscendSaturationCheck, ASCEND_ALLFINITE: AllFiniteCheck}
+
+
+def make_overflow_check(check=None):
+    """A check object: ``check`` itself if it is one, the named check, or the current backend's (None).
+
+    Example:
+        >>> make_overflow_check().name
+        'isfinite'
+    """
+    if check is None:
+        check = current_overflow_check()
+    if isinstance(check, str):
+        if check not in CHECK_CLASSES:
+            raise ValueError(f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check object, "
+                             f"but got {check!r}.")
+        return CHECK_CLASSES[check]()
+    if not (isinstance(check, nn.Cell) and hasattr(check, "start") and hasattr(check, "flag")):
+        raise TypeError(f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check Cell with start() and "
+                        f"flag() methods, but got {type(check).__name__}.")
+    return check

@@ -165,11 +165,73 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self._zero = Tensor(0, mstype.int32)
         self._one = Tensor(1, mstype.int32)
         self._consecutive = policy.consecutive_hysteresis
+        self._switchable = False
         start = initial_state(policy)
         self.good_steps = Parameter(Tensor(start.good_steps, mstype.int32),
                                     name="loss_scale_good_steps", requires_grad=False)
         self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
                                          name="loss_scale_hysteresis_left", requires_grad=False)
+
+    def rename_parameters(self, prefix):
+        """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
+        rule's, once held in Parameters), so several cells can live in one graph. Call before compiling."""
+        for attribute, parameter in self.parameters_and_names():
+            parameter.name = f"{prefix}.{attribute.split('.')[-1].lstrip('_')}"
+
+    def hold_rule_in_parameters(self, dynamic=True):
+        """Keep the rule's numbers (factors, bounds, window, hysteresis) and a dynamic/fixed switch in
+        Parameters, so :meth:`set_policy` and :meth:`set_dynamic` take effect in graphs compiled before.
+
+        Used by :class:`lossscale.GradScaler`, whose setters must reach a compiled step. With
+        ``dynamic`` False the cell leaves the scale and counters unchanged (a fixed scale).
+        """
+        for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window",
+                     "_full_hysteresis"):
+            value = getattr(self, name)
+            delattr(self, name)
+            setattr(self, name, Parameter(value, name=f"loss_scale{name}", requires_grad=False))
+        self._dynamic = Parameter(Tensor(bool(dynamic), mstype.bool_), name="loss_scale_dynamic",
+                                  requires_grad=False)
+        self._switchable = True
+
+    @property
+    def dynamic(self):
+        """Whether the cell updates the scale (always True unless the rule is held in Parameters)."""
+        return bool(self._dynamic.asnumpy()) if self._switchable else True
+
+    def set_dynamic(self, dynamic):
+        """Turn the update on or off (a cell whose rule is held in Parameters only)."""
+        if not self._switchable:
+            raise RuntimeError("set_dynamic() needs hold_rule_in_parameters() first.")
+        self._dynamic.set_data(Tensor(bool(dynamic), mstype.bool_))
+
+    def set_policy(self, policy, state=None):
+        """Switch to ``policy`` (same structural flags) keeping, or replacing with ``state``, the state.
+
+        Validated first: nothing changes on error. Without a ``state`` the current one is kept
+        and clipped to the new bounds (counters to the new window and hysteresis).
+        """
+        if not self._switchable:
+            raise RuntimeError("set_policy() needs hold_rule_in_parameters() first.")
+        if (policy.consecutive_hysteresis, policy.refill_hysteresis_on_backoff) != (
+                self.policy.consecutive_hysteresis, self.policy.refill_hysteresis_on_backoff):
+            raise ValueError("'policy' must keep the hysteresis mode of this update cell "
+                             "(consecutive_hysteresis, refill_hysteresis_on_backoff).")
+        if state is None:
+            current = self.get_state()
+            state = LossScaleState(scale=current.scale, good_steps=min(current.good_steps, policy.growth_interval - 1),
+                                   hysteresis_left=min(current.hysteresis_left, policy.hysteresis))
+        check_state(policy, state)
+        self.policy = policy
+        self.scale_factor, self.scale_window = policy.growth_factor, policy.growth_interval
+        for name, value, dtype in (("_growth_factor", policy.growth_factor, mstype.float32),
+                                   ("_backoff_factor", policy.backoff_factor, mstype.float32),
+                                   ("_min_scale", policy.min_scale, mstype.float32),
+                                   ("_max_scale", policy.ceiling, mstype.float32),
+                                   ("_window", policy.growth_interval, mstype.int32),
+                                   ("_full_hysteresis", policy.hysteresis, mstype.int32)):
+            getattr(self, name).set_data(Tensor(value, dtype))
+        self.set_state(state)
 
     @classmethod
     def from_policy(cls, policy):
@@ -231,6 +293,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         new_scale = ops.select(overflow, scale_if_overflow, scale_if_clean)
         new_good = ops.select(overflow, self._zero, good_if_clean)
         new_hysteresis = ops.select(overflow, hysteresis_if_overflow, hysteresis_if_clean)
+        if self._switchable:  # a fixed scale leaves everything as it is
+            new_scale = ops.select(self._dynamic, new_scale, loss_scale)
+            new_good = ops.select(self._dynamic, new_good, self.good_steps)
+            new_hysteresis = ops.select(self._dynamic, new_hysteresis, hysteresis)
         overflow = ops.depend(overflow, ops.assign(loss_scale, new_scale))
         overflow = ops.depend(overflow, ops.assign(self.good_steps, new_good))
         overflow = ops.depend(overflow, ops.assign(self.hysteresis_left, new_hysteresis))

@@ -1,0 +1,61 @@
+"""Clipping the unscaled gradients by their global norm, inside the train graph.
+
+``clip_global_norm=C`` multiplies every gradient by ``C / max(norm, C)``, the formula of
+``mindspore.ops.clip_by_global_norm``, where ``norm`` is the float32 L2 norm of all the
+(unscaled, reduced) gradients. The norm doubles as the overflow check: it is finite iff
+every gradient is finite and the sum of squares fits float32 (a norm above ~1.8e19 counts
+as an overflow too).
+
+Example:
+    >>> import numpy as np
+    >>> from mindspore import Tensor
+    >>> clipped, bad = GlobalNormClip(1.0)((Tensor(np.array([3.0, 4.0], np.float32)),))
+    >>> clipped[0].asnumpy().round(3).tolist(), float(bad)
+    ([0.6, 0.8], 0.0)
+"""
+from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
+
+from lossscale._validation import check_finite_in_range
+
+_square_sum = ops.MultitypeFuncGraph("_square_sum")
+
+
+@_square_sum.register("Tensor")
+def _tensor_square_sum(grad):
+    grad = ops.cast(grad, mstype.float32)
+    return ops.reduce_sum(grad * grad)
+
+
+_clip = ops.MultitypeFuncGraph("_clip")
+
+
+@_clip.register("Tensor", "Tensor")
+def _tensor_clip(factor, grad):
+    return ops.cast(ops.cast(grad, mstype.float32) * factor, ops.dtype(grad))
+
+
+class GlobalNormClip(nn.Cell):
+    """``clip(grads) -> (clipped grads, flag)``; ``flag`` is 1.0 when the global norm is not finite.
+
+    Args:
+        clip_norm (float): the largest global L2 norm, finite and > 0.
+    """
+
+    def __init__(self, clip_norm):
+        super().__init__(auto_prefix=False)
+        self.clip_norm = check_finite_in_range("clip_global_norm", clip_norm, low=0.0, low_inclusive=False)
+        self.hyper_map = ops.HyperMap()
+        self._clip = Tensor(self.clip_norm, mstype.float32)
+        self._zero = Tensor(0.0, mstype.float32)
+        self._one = Tensor(1.0, mstype.float32)
+
+    def norm(self, grads):
+        """The float32 global L2 norm of ``grads``."""
+        return ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
+
+    def construct(self, grads):
+        norm = self.norm(grads)
+        flag = ops.select(ops.isfinite(norm), self._zero, self._one)
+        factor = self._clip / ops.maximum(norm, self._clip)  # as ops.clip_by_global_norm
+        return self.hyper_map(ops.partial(_clip, factor), grads), flag

@@ -1,0 +1,287 @@
+"""``LossScaler``: loss scaling itself, once, for the train cell and every front-end.
+
+A small protocol in the spirit of jmp's ``LossScale`` and ``mindspore.amp.DynamicLossScaler``.
+The core owns the scale (a float32 Parameter), the update rule (an update cell) and the
+backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph code
+(usable eagerly, inside ``construct`` and inside ``mindspore.jit``) unless marked host::
+
+    scaled = core.scale(outputs)          # each loss promoted to >= float32, times S
+    sens = core.sens(loss)                # S in the loss dtype: the backward seed of loss * S
+    grads = core.unscale(grads)           # g * (1/S) in float32, cast back to g's dtype
+    status, x = core.start(pre_cond, x)   # the check's pre-backward step (Ascend: clear the register)
+    flag = core.flag(status, grads)       # float32, 0 when this rank's gradients are finite
+    flag = flag + core.loss_flag(loss)    # a non-finite loss is an overflow too (0 or nan)
+    overflow = core.is_overflow(flag)     # all-reduced first in any parallel mode: ranks agree
+    core.adjust(overflow)                 # the update rule: back off / grow (no-op for a fixed scale)
+    core.state_dict(), core.load_state_dict(state), core.get_scale(), core.set_scale(v)   # host
+
+Why promote in :meth:`scale` and not in :meth:`sens`: the gradient of
+``float32(loss) * S`` reaching a float16 loss is ``float16(S)``, exactly the seed
+:meth:`sens` gives the train cell's backward, so every user of the core computes the
+same gradients; only the returned scaled value differs (it cannot overflow float16).
+
+Parameter names: by default the train cell's (``scale_sense`` plus the update cell's
+``loss_scale_good_steps``/``loss_scale_hysteresis_left``, unchanged since 0.1.0); with
+``name="x"`` they are ``x.scale``, ``x.good_steps``, ... so any number of cores can share
+one graph.
+
+Example:
+    >>> import numpy as np
+    >>> from mindspore import Tensor
+    >>> from lossscale.policy import LossScalePolicy
+    >>> core = LossScaler(LossScalePolicy(init_scale=8.0, growth_interval=2), name="demo")
+    >>> float(core.scale(Tensor(np.float32(0.5)))), [p.name for p in core.get_parameters()]
+    (4.0, ['demo.scale', 'demo.good_steps', 'demo.hysteresis_left'])
+    >>> grads = core.unscale((Tensor(np.array([8.0, 16.0], np.float32)),))
+    >>> grads[0].asnumpy().tolist(), bool(core.is_overflow(core.flag(None, grads)))
+    ([1.0, 2.0], False)
+"""
+import numbers
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.communication.management import GlobalComm
+from mindspore.context import ParallelMode
+
+from lossscale import overflow as _overflow
+from lossscale.policy import LossScalePolicy
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+
+_promote = ops.MultitypeFuncGraph("_promote")
+
+
+@_promote.register("Tensor", "Tensor")
+def _tensor_promote(scale, output):
+    """``output * scale`` with ``output`` promoted to at least float32."""
+    dtype = ops.dtype(output)
+    if dtype == mstype.float16 or dtype == mstype.bfloat16:
+        output = ops.cast(output, mstype.float32)
+    elif dtype == mstype.float64:
+        return output * ops.cast(scale, mstype.float64)
+    return output * scale
+
+
+_loss_term = ops.MultitypeFuncGraph("_loss_term")
+
+
+@_loss_term.register("Tensor")
+def _tensor_loss_term(loss):
+    """0 when ``loss`` is finite, nan otherwise (float32; bfloat16/float64 losses included)."""
+    return ops.reduce_sum(_overflow.exact_float32(loss) * 0)
+
+
+def _is_parallel():
+    """True in every parallel mode but stand-alone (MindSpore's own train cell's rule)."""
+    from mindspore import context  # pylint: disable=import-outside-toplevel
+
+    return context.get_auto_parallel_context("parallel_mode") != ParallelMode.STAND_ALONE
+
+
+def positive_scale(name, value):
+    """``value`` (number or Tensor) as a float32 numpy scalar that is finite, > 0 and whose reciprocal
+    is finite; else ``ValueError`` naming ``name`` (a scale of 1e-45 is > 0 but 1/S is inf)."""
+    if isinstance(value, Tensor):
+        array = value.asnumpy()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        array = np.asarray(value)
+    else:
+        raise TypeError(f"'{name}' must be a number or a float Tensor, but got {type(value).__name__}.")
+    if array.dtype == np.bool_ or array.size != 1:
+        raise TypeError(f"'{name}' must be one float value, but got {array.dtype} of shape {array.shape}.")
+    with np.errstate(over="ignore", divide="ignore"):
+        scale = np.float32(array.reshape(-1)[0])
+        reciprocal = np.float32(1.0) / scale
+    if not (np.isfinite(scale) and scale > 0 and np.isfinite(reciprocal)):
+        raise ValueError(f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
+                         f"(about [2.9e-39, 3.4e38]), but got {array.reshape(-1)[0]!r}.")
+    return scale
+
+
+class LossScaler(nn.Cell):
+    """The loss-scaling core: the scale, its update rule and the backend's overflow check.
+
+    Args:
+        rule: what decides the scale.
+
+            - a :class:`lossscale.policy.LossScalePolicy`: dynamic scaling with that rule;
+            - a number or a float Tensor of shape () or (1,): a fixed scale;
+            - an update Cell (``cell(scale, overflow) -> overflow`` with ``get_loss_scale()``:
+              ours or MindSpore's): that cell decides, as in MindSpore's train cell.
+
+        name (str, optional): prefix of the Parameter names (see the module docstring);
+            None keeps the train cell's names.
+        overflow_check (str or check Cell, optional): see :func:`lossscale.overflow.make_overflow_check`;
+            default the current backend's.
+        mutable_rule (bool): hold a dynamic rule's numbers and a dynamic/fixed switch in
+            Parameters, so :meth:`set_rule` reaches graphs compiled before (front-ends with setters).
+        scale_shape (tuple): ``()`` or ``(1,)``, the shape of the scale Parameter. Default: the
+            shape of a Tensor ``rule``, else ``()``.
+
+    Host syncs: :meth:`get_scale`, :meth:`state_dict` read the device; :meth:`set_scale`,
+    :meth:`load_state_dict` and :meth:`set_rule` write it. The graph methods never sync.
+    """
+
+    def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False):
+        super().__init__(auto_prefix=False)
+        self.hyper_map = ops.HyperMap()
+        self.check = _overflow.make_overflow_check(overflow_check)
+        self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)
+        scale_name = "scale_sense" if name is None else f"{name}.scale"
+        self.scale_value = Parameter(Tensor(np.full(shape, initial, np.float32)), name=scale_name,
+                                     requires_grad=False)
+        if name is not None and isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+            self.update_cell.rename_parameters(name)
+        if self.update_cell is not None and hasattr(self.update_cell, "bind_scale_parameter"):
+            self.update_cell.bind_scale_parameter(self.scale_value)
+        self.is_distributed = _is_parallel()
+        if self.is_distributed:
+            self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
+        self._one = Tensor(1.0, mstype.float32)
+        self._zero = Tensor(0.0, mstype.float32)
+
+    @staticmethod
+    def _adopt_rule(rule, mutable_rule):
+        """``(update cell or None, initial scale, scale shape)`` for the accepted kinds of ``rule``."""
+        if isinstance(rule, LossScalePolicy):
+            cell = DynamicLossScaleUpdateCell.from_policy(rule)
+            if mutable_rule:
+                cell.hold_rule_in_parameters()
+            return cell, cell.get_loss_scale(), ()
+        if isinstance(rule, nn.Cell):
+            if not hasattr(rule, "get_loss_scale"):
+                raise TypeError(f"'scale_sense' Cell must have a get_loss_scale() method (an update cell), "
+                                f"but got {type(rule).__name__}.")
+            return rule, positive_scale("scale_sense", rule.get_loss_scale()), ()
+        if isinstance(rule, Tensor):
+            if rule.shape not in ((), (1,)):
+                raise ValueError(f"'scale_sense' Tensor must have shape () or (1,), but got shape {rule.shape}.")
+            return None, positive_scale("scale_sense", rule), rule.shape
+        if isinstance(rule, numbers.Real) and not isinstance(rule, bool):
+            return None, positive_scale("loss_scale", rule), ()
+        raise TypeError(f"'scale_sense' must be an update Cell, a LossScalePolicy, a number or a Tensor, "
+                        f"but got {type(rule).__name__}.")
+
+    # ---- graph methods ------------------------------------------------------------------------
+    def scale(self, outputs, scale=None):
+        """Each tensor of ``outputs`` (a Tensor or a nested tuple/list) promoted to >= float32, times S.
+
+        On Ascend saturation mode the float-status register is cleared once ``outputs`` exist,
+        and the result waits for that, so the backward pass that follows is what gets checked.
+        """
+        scale = self.scale_value.reshape(()) if scale is None else scale
+        scaled = self.hyper_map(ops.partial(_promote, scale), outputs)
+        _, scaled = self.check.start(outputs, scaled)
+        return scaled
+
+    def sens(self, loss, scale=None):
+        """The backward seed of ``loss * S``: S cast to ``loss``'s dtype, in ``loss``'s shape."""
+        scale = self.scale_value if scale is None else scale
+        return ops.cast(ops.broadcast_to(scale.reshape(()), ops.shape(loss)), ops.dtype(loss))
+
+    def unscale(self, grads, scale=None):
+        """``grads * (1/S)`` computed in float32 and cast back (exact for float16 at any S)."""
+        scale = self.scale_value if scale is None else scale
+        inv_scale = self._one / ops.cast(scale.reshape(()), mstype.float32)
+        return _overflow.unscale_gradients(self.hyper_map, inv_scale, grads)
+
+    def start(self, pre_cond, compute_input):
+        """The check's pre-backward step: ``(status, compute_input)`` (see :mod:`lossscale.overflow`)."""
+        return self.check.start(pre_cond, compute_input)
+
+    def flag(self, status, grads):
+        """This rank's float32 overflow flag for ``grads``: 0 when all are finite."""
+        return self.check.flag(status, grads)
+
+    def loss_flag(self, loss):
+        """0 when every value of ``loss`` (a Tensor or nested tuple) is finite, nan otherwise."""
+        return _overflow._total(self.hyper_map(_loss_term, (loss,)))  # pylint: disable=protected-access
+
+    def is_overflow(self, flag):
+        """``flag != 0`` after summing it over all ranks in any parallel mode (one 4-byte all-reduce)."""
+        if self.is_distributed:
+            flag = self.allreduce(flag)
+        return ops.not_equal(flag, self._zero)
+
+    def adjust(self, overflow):
+        """Apply the update rule to the scale for this step's ``overflow``; return ``overflow``."""
+        if self.update_cell is None:
+            return overflow
+        return self.update_cell(self.scale_value, overflow)
+
+    def assign_scale(self, value):
+        """Graph-mode write of a new scale (``GradScaler.update(new_scale)``); returns the assign."""
+        return ops.assign(self.scale_value, ops.cast(value, mstype.float32).reshape(self.scale_value.shape))
+
+    # ---- host methods --------------------------------------------------------------------------
+    @property
+    def policy(self):
+        """The dynamic rule (:class:`lossscale.policy.LossScalePolicy`), or None for a fixed scale or a
+        foreign update cell."""
+        return getattr(self.update_cell, "policy", None)
+
+    @property
+    def dynamic(self):
+        """Whether the scale changes with overflows."""
+        if self.update_cell is None or isinstance(self.update_cell, (FixedLossScaleUpdateCell,
+                                                                        nn.FixedLossScaleUpdateCell)):
+            return False
+        return getattr(self.update_cell, "dynamic", True)
+
+    def get_scale(self):
+        """The scale the device holds, as a Python float (one host sync)."""
+        return float(self.scale_value.asnumpy().reshape(-1)[0])
+
+    def set_scale(self, value):
+        """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""
+        scale = positive_scale("scale", value)
+        self.scale_value.set_data(Tensor(np.full(self.scale_value.shape, scale, np.float32)))
+
+    def set_rule(self, policy=None, state=None, dynamic=None):
+        """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic."""
+        cell = self.update_cell
+        if not getattr(cell, "_switchable", False):
+            raise RuntimeError("set_rule() needs a LossScaler built with mutable_rule=True.")
+        if policy is not None or state is not None:
+            cell.set_policy(policy or cell.policy, state)
+        if dynamic is not None:
+            cell.set_dynamic(dynamic)
+
+    def state_dict(self):
+        """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (counters only for a
+        dynamic rule of ours; one host sync)."""
+        if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+            return self.update_cell.state_dict()
+        return {"loss_scale": self.get_scale()}
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output (validated; nothing changes on error)."""
+        if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+            self.update_cell.load_state_dict(state)
+        else:
+            self.set_scale(state["loss_scale"])
+
+
+def check_optimizer_loss_scale(optimizer, fixed_scale=None):
+    """Return True if ``optimizer`` divides by the loss scale itself and that is allowed; refuse otherwise.
+
+    An optimizer built with ``loss_scale=S`` divides its gradients by S. That is right only
+    for a fixed scale equal to S with nothing else unscaling (MindSpore's
+    ``FixedLossScaleManager(S, drop_overflow_update=False)`` recipe, ``fixed_scale=S``);
+    anywhere else the gradients would be divided twice or by the wrong factor.
+
+    Example:
+        >>> from mindspore import nn
+        >>> check_optimizer_loss_scale(nn.SGD(nn.Dense(2, 1).trainable_params(), 0.1))
+        False
+    """
+    optimizer_scale = float(getattr(optimizer, "loss_scale", 1.0))
+    if optimizer_scale == 1.0:
+        return False
+    if fixed_scale is not None and optimizer_scale == float(np.float32(fixed_scale)):
+        return True
+    expected = "dynamic" if fixed_scale is None else repr(float(np.float32(fixed_scale)))
+    raise ValueError(
+        f"'optimizer.loss_scale' is {optimizer_scale!r} but the loss scale is {expected}: the gradients would be "
+        f"unscaled twice or by the wrong factor. Build the optimizer without 'loss_scale' (lossscale unscales), "
+        f"or, with a fixed scale that is applied every step, give it exactly that scale.")
