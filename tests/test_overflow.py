@@ -1,12 +1,17 @@
-"""Overflow detection: backend selection (pure) and what each branch builds on CPU."""
+"""Overflow detection: backend selection (pure), the exact CPU check, and each backend's check object
+driven by CPU stand-ins of its primitive (tests/backend_standins.py)."""
 import numpy as np
 import pytest
 from mindspore import ParameterTuple, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale import TrainOneStepWithLossScaleCell, choose_overflow_check
-from lossscale.overflow import nonfinite_indicator
-from nets import regression_net
+from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNet, StatusRegister,
+                              status_input)
+from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell, choose_overflow_check
+from lossscale.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
+                                ascend_saturation_only, make_overflow_check, nonfinite_indicator)
+from lossscale.policy import run
+from nets import regression_batches, regression_net, training_state
 
 SELECTION = [
     # device target, MS_ASCEND_CHECK_OVERFLOW_MODE, SoC saturation-only (910A), expected check
@@ -132,3 +137,147 @@ def test_indicator_accepts_sparse_gradients():
     assert float(indicator(ids, Tensor(np.float32(0.5))).asnumpy()) == 0.0
     indicator.dense.weight.set_data(Tensor(np.full((1, 4), np.inf, np.float32)))  # inf in the embedding gradient
     assert not np.isfinite(float(indicator(ids, Tensor(np.float32(0.5))).asnumpy()))
+
+
+# ---- SoC detection on every supported MindSpore ------------------------------------------------------------
+
+class _Context210:
+    """MindSpore >= 2.10: ascend_soc_supports_feature."""
+
+    def __init__(self, classic):
+        self.classic = classic
+
+    def ascend_soc_supports_feature(self, feature):
+        return self.classic and feature == "amp_loss_scale_train_classic_target"
+
+
+class _ContextBefore210:
+    """MindSpore < 2.10: only the SoC version."""
+
+    def __init__(self, version):
+        self.version = version
+
+    def get_ascend_soc_version(self):
+        return self.version
+
+
+@pytest.mark.parametrize("context, expected", [
+    (_Context210(True), True), (_Context210(False), False),
+    (_ContextBefore210("ascend910"), True), (_ContextBefore210("ascend910b"), False),
+    (_ContextBefore210("ascend910_93"), False),
+])
+def test_ascend_saturation_only_on_every_mindspore(context, expected):
+    assert ascend_saturation_only(context) is expected
+
+
+@pytest.mark.parametrize("value, error, pattern", [
+    ("tpu_status", ValueError, "'overflow_check'.*'tpu_status'"),
+    (42, TypeError, "'overflow_check'.*int"),
+    (nn.ReLU(), TypeError, r"start\(\) and flag\(\)"),
+])
+def test_make_overflow_check_rejects(value, error, pattern):
+    with pytest.raises(error, match=pattern):
+        make_overflow_check(value)
+
+
+# ---- each check object with a stand-in primitive ------------------------------------------------------------
+
+class _Flag(nn.Cell):
+    """``check.flag(status, grads)`` compiled, for one check object."""
+
+    def __init__(self, check):
+        super().__init__()
+        self.check = check
+
+    def construct(self, grads):
+        return self.check.flag(status_input(), grads)
+
+
+@pytest.fixture(scope="module")
+def flag_cells():
+    return {"isfinite": _Flag(IsFiniteCheck()), "float_status": _Flag(FloatStatusCheck(FloatStatusStandIn())),
+            "ascend_allfinite": _Flag(AllFiniteCheck(AllFiniteStandIn()))}
+
+
+# per check: the flag for (clean, one bad tensor, two bad tensors); nan means "non-finite"
+FLAG_TABLE = {"isfinite": (0.0, np.nan, np.nan), "float_status": (0.0, 1.0, 2.0),
+              "ascend_allfinite": (0.0, 1.0, 1.0)}
+
+
+@pytest.mark.parametrize("name", sorted(FLAG_TABLE))
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_check_flag_values_and_polarity(flag_cells, name, bad):
+    clean = (np.ones((4, 3), np.float32), np.full((5,), 3e38, np.float32))
+    one_bad = (clean[0].copy(), clean[1])
+    one_bad[0][2, 1] = bad
+    two_bad = (one_bad[0], clean[1].copy())
+    two_bad[1][4] = bad
+    got = [float(flag_cells[name](mutable(tuple(Tensor(g) for g in grads))).asnumpy())
+           for grads in (clean, one_bad, two_bad)]
+    np.testing.assert_array_equal(got, FLAG_TABLE[name])
+
+
+def _standin_check(name, register=None):
+    if name == "float_status":
+        return FloatStatusCheck(FloatStatusStandIn())
+    if name == "ascend_allfinite":
+        return AllFiniteCheck(AllFiniteStandIn())
+    return AscendSaturationCheck(register.clear_status, register.get_status)
+
+
+@pytest.mark.parametrize("name", ["float_status", "ascend_allfinite"])
+def test_train_cell_with_standin_check_skips_and_follows_the_policy(name):
+    """The GPU and Ascend INFNAN logic in the train cell: skip exactly on inf/nan, scale as the policy."""
+    net = regression_net()
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05), manager.get_update_cell(),
+                                         overflow_check=_standin_check(name))
+    flags = [False, True, False, False, True, False]
+    for flag, (x, y) in zip(flags, regression_batches(len(flags))):
+        if flag:
+            x = x.copy()
+            x[1, 2] = np.nan
+        before = training_state(step)
+        assert bool(step(Tensor(x), Tensor(y))[1].asnumpy()) == flag
+        unchanged = all(np.array_equal(before[k], v) for k, v in training_state(step).items())
+        assert unchanged == flag
+    assert step.get_loss_scale() == run(manager.policy, flags)[-1].scale
+
+
+@pytest.fixture(scope="module")
+def saturation_cells():
+    """Train cells on SaturatingNet: the Ascend saturation check with a stand-in register, and isfinite."""
+    register = StatusRegister()
+    cells = {}
+    for forward in (False, True):
+        net = SaturatingNet(register, forward=forward)
+        cells[forward] = TrainOneStepWithLossScaleCell(
+            net, nn.SGD(net.trainable_params(), 0.1), DynamicLossScaleManager(2**10, 2, 100).get_update_cell(),
+            overflow_check=AscendSaturationCheck(register.clear_status, register.get_status))
+    net = SaturatingNet(register)
+    isfinite = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(2.0**10))
+    return register, cells, isfinite
+
+
+@pytest.mark.parametrize("forward_saturates", [False, True])
+def test_ascend_saturation_check_reads_the_backward_and_only_the_backward(saturation_cells, forward_saturates):
+    register, cells, _ = saturation_cells
+    step = cells[forward_saturates]
+    # x = 200 makes the backward saturate at scale 1024 (1024 * 200 / 3 > 65504); x = 1 does not. With
+    # forward_saturates the forward pass sets the register on every step: cleared before backward, not counted.
+    expected = [(1.0, False, 1024.0), (200.0, True, 512.0), (1.0, False, 512.0), (1.0, False, 512.0)]
+    order = ["forward", "forward", "clear", "backward", "get", "clear"][0 if forward_saturates else 1:]
+    for x, overflow, scale in expected:
+        register.log.clear()
+        w = step.network.w.asnumpy().copy()
+        result = step(Tensor(np.array([1.0, 2.0, x], np.float32)))
+        assert (bool(result[1].asnumpy()), float(result[2].asnumpy())) == (overflow, scale)
+        assert np.array_equal(step.network.w.asnumpy(), w) == overflow
+        assert register.log == order  # cleared after the loss, read after the gradients, cleared again
+        assert not register.bits.any()  # the next step starts clean
+
+
+def test_saturated_gradients_are_finite_so_isfinite_would_miss_them(saturation_cells):
+    """Why saturation mode needs the register: the same saturating backward gives finite gradients."""
+    _, _, isfinite = saturation_cells
+    assert not bool(isfinite(Tensor(np.array([1.0, 2.0, 200.0], np.float32)))[1].asnumpy())
