@@ -9,6 +9,15 @@ import numbers
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+class AssertionValueError(ValueError, AssertionError):
+    """A ``ValueError`` that is also an ``AssertionError``.
+
+    Raised where the framework a front-end follows asserts (PyTorch's and Paddle's
+    ``GradScaler`` assert ``growth_factor > 1`` and ``backoff_factor < 1``), so code that
+    catches either keeps working, while the message names the argument, value and range.
+    """
+
+
 def check_bool(name, value):
     """Return ``value`` if it is a real ``bool``; raise ``TypeError`` otherwise."""
     if not isinstance(value, bool):

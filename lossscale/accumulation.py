@@ -67,12 +67,13 @@ class GradientAccumulation(nn.Cell):
         self.window_overflow = counter("loss_scale_window_overflow", 0.0, mstype.float32)
         self._inverse_count = Tensor(1.0 / self.steps, mstype.float32)
         self._window = Tensor(self.steps, mstype.int32)
+        self._one = Tensor(1, mstype.int32)
 
     def add(self, grads, flag):
         """Add this micro-batch's gradients and flag; return ``(window flag so far, micro step, is last)``."""
         accumulated = self.hyper_map(_accumulate, self.accumulators, grads)
         window_flag = ops.depend(self.window_overflow + flag, accumulated)
-        micro = self.micro_step + 1
+        micro = self.micro_step + self._one
         return window_flag, micro, micro >= self._window
 
     def mean(self, weights):

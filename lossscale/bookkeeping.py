@@ -51,15 +51,17 @@ class OverflowCounters(nn.Cell):
         self.consecutive_overflows = counter("loss_scale_consecutive_overflows")
         self.last_overflow_step = counter("loss_scale_last_overflow_step")
         self._max = Tensor(INT32_MAX, mstype.int32)
+        self._one = Tensor(1, mstype.int32)
 
     def count(self, overflow, drops_overflow):
         """One optimizer step with this ``overflow``; an overflow is a skipped step if ``drops_overflow``."""
-        steps = ops.select(self.steps < self._max, self.steps + 1, self.steps)
+        one = self._one
+        steps = ops.select(self.steps < self._max, self.steps + one, self.steps)
         skipped_steps = self.skipped_steps
         if drops_overflow:
             skip = ops.logical_and(overflow, self.skipped_steps < self._max)
-            skipped_steps = ops.select(skip, self.skipped_steps + 1, self.skipped_steps)
-        consecutive = ops.select(overflow, ops.minimum(self.consecutive_overflows, self._max - 1) + 1,
+            skipped_steps = ops.select(skip, self.skipped_steps + one, self.skipped_steps)
+        consecutive = ops.select(overflow, ops.minimum(self.consecutive_overflows, self._max - one) + one,
                                  ops.zeros_like(self.consecutive_overflows))
         last = ops.select(overflow, steps, self.last_overflow_step)
         done = ops.assign(self.steps, steps)

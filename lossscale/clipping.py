@@ -10,7 +10,7 @@ Example:
     >>> import numpy as np
     >>> from mindspore import Tensor
     >>> clipped, bad = GlobalNormClip(1.0)((Tensor(np.array([3.0, 4.0], np.float32)),))
-    >>> clipped[0].asnumpy().round(3).tolist(), float(bad)
+    >>> [round(float(v), 3) for v in clipped[0].asnumpy()], float(bad)
     ([0.6, 0.8], 0.0)
 """
 from mindspore import Tensor, nn, ops

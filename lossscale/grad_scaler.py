@@ -1,403 +1,590 @@
-"""``GradScaler``: Paddle's and PyTorch's loss-scaling front-end for functional MindSpore training.
+"""``GradScaler``: Paddle's and PyTorch's loss-scaling front-ends for functional MindSpore training.
 
-Works eagerly (PyNative) and inside ``mindspore.jit`` (the whole train step compiled):
-all numeric state lives in Parameters (the scale, the policy counters and this
-iteration's overflow flag) and every method is made of graph ops. The update rule
-is :func:`lossscale.policy.update`, applied by a :class:`DynamicLossScaleUpdateCell`.
+Both translate their framework's API onto the :class:`lossscale.scaler.LossScaler` core and
+PyTorch's per-optimizer state machine (:mod:`lossscale.optimizer_states`); every number they
+keep (the scale, the rule, the counters, each optimizer's stage and overflow flag) is a
+Parameter, so a step compiled with ``mindspore.jit`` and eager calls share one state, and
+setters or ``load_state_dict()`` reach steps compiled before them.
 
-Typical iteration (PyTorch order; Paddle's ``minimize`` = ``step`` + ``update``)::
+- ``GradScaler(...)`` with Paddle's arguments, or none: Paddle's ``paddle.amp.GradScaler``
+  (defaults 2**15, x2, x0.5, 1000 clean steps, back off after 2 consecutive bad steps).
+- ``GradScaler(...)`` with PyTorch's arguments (``device`` as a str first argument,
+  ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``enabled``)
+  returns a :class:`TorchGradScaler`: ``torch.amp.GradScaler``'s defaults (2**16, x2, x0.5,
+  2000) and rule (back off on every overflow, no floor).
 
-    scaler = GradScaler(init_loss_scaling=1024)          # Paddle spelling (and defaults)
+Typical iteration (MindSpore has no ``.grad``: gradients are passed and returned)::
+
+    scaler = GradScaler("cuda")                     # or GradScaler(init_loss_scaling=1024)
     def forward(x, y):
-        return scaler.scale(loss_fn(net(x), y))           # scaled loss
+        return scaler.scale(loss_fn(net(x), y))
     grad_fn = mindspore.value_and_grad(forward, None, optimizer.parameters)
 
-    @mindspore.jit
+    @mindspore.jit                                 # optional: compile the whole step
     def train_step(x, y):
         scaled_loss, grads = grad_fn(x, y)
-        grads = scaler.unscale_(grads)                     # optional: only to clip or inspect
+        grads = scaler.unscale_(grads)              # optional: only to clip or inspect
         grads = ops.clip_by_global_norm(grads, 1.0)
-        scaler.step(optimizer, grads)                      # skipped if a gradient is inf/nan
-        scaler.update()                                    # once per iteration
+        scaler.step(optimizer, grads)               # skipped if unscale_ found inf/nan
+        scaler.update()                             # once per iteration
         return scaled_loss
 
-Usage rules (checked; a misuse raises ``RuntimeError`` saying what to do): at most
-one ``unscale_`` and one ``step`` per optimizer between two ``update`` calls. The
-checks run on every call in PyNative, and once, while compiling, inside
-``mindspore.jit``. So put a whole iteration (``unscale_``/``step``/``update``) in one
-compiled function, or run it all eagerly: an eager ``step`` after a compiled
-``unscale_`` cannot tell that the gradients were already unscaled.
+Misuse is refused before anything is applied: eagerly with a normal exception; inside
+``mindspore.jit`` with a runtime ``raise`` that MindSpore, which runs compiled graphs
+asynchronously, reports at the next host read of a tensor (the returned gradients or skip
+flag, the loss, ``get_scale()``); nothing after the refusal in that call runs.
+
+Per-method host syncs: none for ``scale``, ``unscale_``, ``step``, ``update`` and
+``minimize`` inside ``mindspore.jit``; run eagerly, ``step`` reads the optimizer's stage and
+skip decision (two scalars) to branch, like PyTorch's ``step``. ``get_scale``,
+``get_loss_scaling``, ``get_state`` and ``state_dict`` read the device; setters and
+``load_state_dict`` write it.
+
+"Skip" means the optimizer is not called: no weight, moment or ``global_step`` changes, so a
+learning-rate schedule indexed by the optimizer's step does not advance (as in PyTorch with the
+scheduler stepped after ``scaler.step``).
 """
-import itertools
-import sys
+import inspect
+from collections.abc import Mapping
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, ops
+from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
-from lossscale._validation import check_bool
-from lossscale.overflow import any_nonfinite, unscale_gradients
-from lossscale.policy import LossScaleState, build_policy, check_state
-from lossscale.presets import get_preset
-from lossscale.update_cells import DynamicLossScaleUpdateCell
+from lossscale import overflow as _overflow
+from lossscale._naming import claim_name
+from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
+from lossscale.optimizer_states import OptimizerStates
+from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
+from lossscale.presets import PRESET_NAMES, get_preset
+from lossscale.scaler import LossScaler, positive_scale
 
-_UNSET = object()
-_PADDLE_NAMES = {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio", "backoff_factor": "decr_ratio",
-                 "growth_interval": "incr_every_n_steps", "hysteresis": "decr_every_n_nan_or_inf"}
-_PADDLE_DEFAULTS = {"init_loss_scaling": 32768.0, "incr_ratio": 2.0, "decr_ratio": 0.5, "incr_every_n_steps": 1000,
-                    "decr_every_n_nan_or_inf": 2}
-_TORCH_ALIASES = {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio", "backoff_factor": "decr_ratio",
-                  "growth_interval": "incr_every_n_steps"}
-
-
-# Usage bookkeeping: {(session, scaler id, key): {"unscale_", "step"}} since that scaler's last update().
-# The functions are constexpr: they run on every eager call, and once while compiling under jit. Each
-# compilation is its own session (static analysis does not keep the program order of independent
-# calls, so nothing recorded while compiling may leak into eager use or into a recompilation).
-_USAGE = {}
-_SCALER_IDS = itertools.count(1)
-_MISUSE = {
-    ("unscale_", "unscale_"): "unscale_() was already called for key {key} since the last update(). Call it once per "
-                              "iteration, right after computing the gradients, and pass the gradients it returned "
-                              "to step(). With several optimizers, give each its own key.",
-    ("unscale_", "step"): "unscale_() after step() for key {key} in the same iteration: step() has already "
-                          "unscaled and applied those gradients. Call unscale_() before step(), or update() first.",
-    ("step", "step"): "step() was already called for key {key} since the last update(). Call update() once per "
-                      "iteration, after every optimizer's step(). With several optimizers, give each its own key.",
-}
+PADDLE_DEFAULTS = {"enable": True, "init_loss_scaling": 32768.0, "incr_ratio": 2.0, "decr_ratio": 0.5,
+                   "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "use_dynamic_loss_scaling": True}
+TORCH_DEFAULTS = {"device": "cuda", "init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5,
+                  "growth_interval": 2000, "enabled": True}
+_PADDLE_FIELDS = {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio", "backoff_factor": "decr_ratio",
+                  "growth_interval": "incr_every_n_steps", "hysteresis": "decr_every_n_nan_or_inf"}
+_TORCH_FIELDS = {"init_scale": "init_scale", "growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
+                 "growth_interval": "growth_interval", "hysteresis": "hysteresis"}
+_PADDLE_STATE_KEYS = ("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
+                      "incr_count", "decr_count", "use_dynamic_loss_scaling")
+_TORCH_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
-def _session():
-    """``"eager"``, or an id for the MindSpore compilation that is running (one per jit compile)."""
-    frame = sys._getframe(1)  # pylint: disable=protected-access
-    while frame is not None:
-        if frame.f_code.co_name == "compile" and "mindspore" in frame.f_code.co_filename:
-            return id(frame)
-        frame = frame.f_back
-    return "eager"
+def _framework_rule(fields, names, base):
+    """``base`` (a LossScalePolicy) with ``fields`` replaced; range errors raised as AssertionValueError,
+    since PyTorch and Paddle assert on their factors; errors name the caller's spelling."""
+    values = dict(vars(base), **fields)
+    try:
+        return build_policy(names, **values)
+    except ValueError as error:
+        raise AssertionValueError(str(error)) from None
 
 
-@constexpr(reuse_result=False)
-def _record(scaler, key, event):
-    """Record ``event`` ("unscale_" or "step") for (scaler, key); raise on a misuse. Returns True if
-    unscale_ had already been called for this key (so step() must not unscale again)."""
-    session = _session()
-    for stale in [k for k in _USAGE if k[0] != session and k[0] != "eager"]:
-        del _USAGE[stale]  # a finished compilation
-    seen = _USAGE.setdefault((session, scaler, key), set())
-    for earlier in sorted(seen):
-        if (event, earlier) in _MISUSE:
-            raise RuntimeError(_MISUSE[(event, earlier)].format(key=key))
-    already_unscaled = "unscale_" in seen
-    seen.add(event)
-    return already_unscaled
+def _as_policy(policy):
+    """A LossScalePolicy from ``policy`` (a policy or a preset name)."""
+    if isinstance(policy, str):
+        return get_preset(policy)
+    if not isinstance(policy, LossScalePolicy):
+        raise TypeError(f"'policy' must be a LossScalePolicy or a preset name in {PRESET_NAMES}, but got "
+                        f"{type(policy).__name__}.")
+    return policy
 
 
-@constexpr(reuse_result=False)
-def _forget(scaler):
-    """update() in eager mode: a new iteration starts for every key of this scaler."""
-    if _session() == "eager":
-        for usage_key in [k for k in _USAGE if k[0] == "eager" and k[1] == scaler]:
-            del _USAGE[usage_key]
+def _spelling(args, kwargs):
+    """``"torch"`` or ``"paddle"`` for GradScaler(*args, **kwargs); ValueError when both are mixed."""
+    torch = [name for name in kwargs if name in TORCH_DEFAULTS]
+    paddle = [name for name in kwargs if name in PADDLE_DEFAULTS]
+    if args:
+        (torch if isinstance(args[0], str) else paddle).append("a first positional argument of type "
+                                                                f"{type(args[0]).__name__}")
+    if torch and paddle:
+        raise ValueError(f"GradScaler got PyTorch's spelling ({', '.join(torch)}) and Paddle's ({', '.join(paddle)}) "
+                         f"together: give one framework's arguments, e.g. enabled= (PyTorch) or enable= (Paddle).")
+    return "torch" if torch else "paddle"
+
+
+@constexpr
+def _refuse_optimizer_loss_scale(loss_scale):
+    if float(loss_scale) != 1.0:
+        raise ValueError(f"'optimizer.loss_scale' is {float(loss_scale)!r}: the optimizer would divide the gradients "
+                         f"the scaler already unscaled a second time. Build it without 'loss_scale'.")
     return True
 
 
-def _resolve_arguments(paddle, torch):
-    """Merge Paddle-spelled and PyTorch-spelled arguments; reject the same setting given twice."""
-    values = {}
-    for name, default in _PADDLE_DEFAULTS.items():
-        values[name] = default if paddle[name] is _UNSET else paddle[name]
-    for torch_name, paddle_name in _TORCH_ALIASES.items():
-        if torch[torch_name] is None:
-            continue
-        if paddle[paddle_name] is not _UNSET:
-            raise ValueError(f"give either '{paddle_name}' (Paddle) or '{torch_name}' (PyTorch), not both.")
-        values[paddle_name] = torch[torch_name]
-    return values
-
-
-def _paddle_policy(values, policy=None):
-    """The Paddle dygraph rule (consecutive bad steps, no floor) from Paddle-named values."""
-    if policy is not None:
-        return policy
-    return build_policy(_PADDLE_NAMES, init_scale=values["init_loss_scaling"], growth_factor=values["incr_ratio"],
-                        backoff_factor=values["decr_ratio"], growth_interval=values["incr_every_n_steps"],
-                        hysteresis=values["decr_every_n_nan_or_inf"], consecutive_hysteresis=True,
-                        refill_hysteresis_on_backoff=True, min_scale=0.0)
+@constexpr
+def _checked_new_scale(value):
+    """update(new_scale) with a number: validated, as a float32 Tensor."""
+    return Tensor(positive_scale("new_scale", value), mstype.float32)
 
 
 @ms.jit_class
 class GradScaler:
-    """Dynamic (or fixed) loss scaling for ``mindspore.value_and_grad`` training loops.
+    """Dynamic (or fixed) loss scaling for ``mindspore.value_and_grad`` loops: Paddle's ``GradScaler``.
 
-    Paddle's constructor and defaults (seed: ``paddle.amp.GradScaler``); PyTorch's
-    keyword spelling is accepted too (``init_scale``, ``growth_factor``,
-    ``backoff_factor``, ``growth_interval``, ``enabled``), with Paddle's defaults for
-    whatever is not given. For PyTorch's defaults and rule use
-    ``GradScaler.from_preset("pytorch")``.
+    Called with PyTorch's spelling (a device string first, or any of ``init_scale``,
+    ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``enabled``) it returns a
+    :class:`TorchGradScaler` instead; mixing both spellings is a ``ValueError``.
 
-    The default rule is Paddle's dygraph one: the scale is multiplied by
-    ``incr_ratio`` after ``incr_every_n_steps`` consecutive clean steps, and by
-    ``decr_ratio`` after ``decr_every_n_nan_or_inf`` consecutive bad steps (a clean
-    step resets that count), with no floor. Unlike Paddle's dygraph scaler it never
-    grows to inf.
+    The rule is Paddle's dygraph one: the scale is multiplied by ``incr_ratio`` after
+    ``incr_every_n_steps`` consecutive clean steps, and by ``decr_ratio`` after
+    ``decr_every_n_nan_or_inf`` consecutive bad steps (a clean step or a backoff restarts
+    that count), with no floor. Unlike Paddle's, it never grows to inf.
 
     Args:
-        enable (bool): False makes every method an exact no-op. Default True.
+        enable (bool): False makes every method a no-op (``step`` just applies). Default True.
         init_loss_scaling (float): initial scale. Default 32768.0.
         incr_ratio (float): growth multiplier, > 1. Default 2.0.
         decr_ratio (float): backoff multiplier, in (0, 1). Default 0.5.
         incr_every_n_steps (int): clean steps per growth, >= 1. Default 1000.
         decr_every_n_nan_or_inf (int): consecutive bad steps per backoff, >= 1. Default 2.
-        use_dynamic_loss_scaling (bool): False keeps the scale fixed (steps with inf/nan
-            are still skipped, as in Paddle). Default True.
-        policy (LossScalePolicy, keyword only): use this rule instead (see
-            :mod:`lossscale.presets`); then give no rule arguments.
+        use_dynamic_loss_scaling (bool): False keeps the scale fixed (steps with inf/nan are
+            still skipped, as in Paddle). Default True.
 
-    Host syncs: ``get_scale()``, ``get_loss_scaling()`` read back, ``state_dict()`` reads
-    the state; ``scale``, ``unscale_``, ``step``, ``update`` and ``minimize`` stay on
-    the device, except that eager ``step`` reads its skip flag to branch.
+    Keyword Args:
+        policy (LossScalePolicy or str): use this rule (or preset) instead; then leave the
+            rule arguments at their defaults.
+        overflow_check (str or check Cell): the backend check; default the device target's.
+        name (str): prefix of this scaler's Parameter names; default a unique one.
+
+    Raises:
+        TypeError, ValueError: a bad argument, named with its value and range. Range errors
+        of the rule are also ``AssertionError`` (Paddle asserts on its ratios).
 
     Example:
         >>> scaler = GradScaler(init_loss_scaling=1024)
-        >>> scaler.get_init_loss_scaling(), scaler.get_decr_every_n_nan_or_inf(), scaler.is_enable()
-        (1024.0, 2, True)
+        >>> scaler.get_init_loss_scaling(), scaler.get_decr_every_n_nan_or_inf(), type(scaler).__name__
+        (1024.0, 2, 'GradScaler')
+        >>> type(GradScaler("cuda")).__name__, GradScaler("cpu").get_scale()
+        ('TorchGradScaler', 65536.0)
     """
 
-    def __init__(self, enable=True, init_loss_scaling=_UNSET, incr_ratio=_UNSET, decr_ratio=_UNSET,
-                 incr_every_n_steps=_UNSET, decr_every_n_nan_or_inf=_UNSET, use_dynamic_loss_scaling=True, *,
-                 init_scale=None, growth_factor=None, backoff_factor=None, growth_interval=None, enabled=None,
-                 policy=None):
-        paddle = {"init_loss_scaling": init_loss_scaling, "incr_ratio": incr_ratio, "decr_ratio": decr_ratio,
-                  "incr_every_n_steps": incr_every_n_steps, "decr_every_n_nan_or_inf": decr_every_n_nan_or_inf}
-        torch = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
-                 "growth_interval": growth_interval}
-        if policy is not None and any(v is not _UNSET for v in paddle.values()) | any(
-                v is not None for v in torch.values()):
-            raise ValueError("give either 'policy' or the rule arguments (init_loss_scaling, incr_ratio, ...), "
-                             "not both.")
-        if enabled is not None:
-            enable = enabled
-        self._enable = check_bool("enable", enable)
-        self._dynamic = check_bool("use_dynamic_loss_scaling", use_dynamic_loss_scaling)
-        self._policy = _paddle_policy(_resolve_arguments(paddle, torch), policy)
-        self._scale = Parameter(Tensor(np.float32(self._policy.init_scale)), name="grad_scaler_scale",
-                                requires_grad=False)
-        self._found_inf = Parameter(Tensor(0.0, mstype.float32), name="grad_scaler_found_inf", requires_grad=False)
-        self._updater = self._make_updater(self._policy)
+    _FIELDS = _PADDLE_FIELDS
+
+    def __new__(cls, *args, **kwargs):
+        if cls is GradScaler and _spelling(args, kwargs) == "torch":
+            cls = TorchGradScaler
+        return super().__new__(cls)
+
+    def __init__(self, enable=True, init_loss_scaling=32768.0, incr_ratio=2.0, decr_ratio=0.5, incr_every_n_steps=1000,
+                 decr_every_n_nan_or_inf=2, use_dynamic_loss_scaling=True, *, policy=None, overflow_check=None,
+                 name=None):
+        rule = {"init_scale": init_loss_scaling, "growth_factor": incr_ratio, "backoff_factor": decr_ratio,
+                "growth_interval": incr_every_n_steps, "hysteresis": decr_every_n_nan_or_inf}
+        config = dict(zip(PADDLE_DEFAULTS, (enable, init_loss_scaling, incr_ratio, decr_ratio, incr_every_n_steps,
+                                            decr_every_n_nan_or_inf, use_dynamic_loss_scaling)))
+        self._setup(config, policy, rule, check_bool("enable", enable),
+                    check_bool("use_dynamic_loss_scaling", use_dynamic_loss_scaling), overflow_check, name)
+
+    def _setup(self, config, policy, rule, enabled, dynamic, overflow_check, name):
+        if policy is not None:
+            changed = [self._FIELDS[f] for f, value in rule.items() if value != self._default_rule()[f]]
+            if changed:
+                raise ValueError(f"give either 'policy' or the rule arguments ({', '.join(changed)}), not both.")
+            self._policy = _as_policy(policy)
+        else:
+            self._policy = _framework_rule(rule, self._FIELDS, self._base_rule())
+        self._config = dict(config, policy=policy, overflow_check=overflow_check)
+        self._enabled = enabled
+        self._core = None
+        self._states = None
+        self._dynamic = dynamic
         self._hyper_map = ops.HyperMap()
-        self._one = Tensor(1.0, mstype.float32)
-        self._zero = Tensor(0.0, mstype.float32)
-        self._usage_id = next(_SCALER_IDS)
+        if enabled:
+            prefix = claim_name(name, self, "grad_scaler")
+            self._core = LossScaler(self._policy, name=prefix, overflow_check=overflow_check, mutable_rule=True)
+            self._core.set_rule(dynamic=dynamic)
+            self._states = OptimizerStates(prefix)
+
+    @staticmethod
+    def _base_rule():
+        return get_preset("paddle")
+
+    @staticmethod
+    def _default_rule():
+        return {"init_scale": 32768.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 1000,
+                "hysteresis": 2}
 
     @classmethod
     def from_preset(cls, name, enable=True, **overrides):
-        """A scaler applying preset ``name`` of :mod:`lossscale.presets` (e.g. ``"pytorch"``).
+        """A scaler with preset ``name`` of :mod:`lossscale.presets`; ``"pytorch"`` gives a TorchGradScaler.
 
         Example:
-            >>> GradScaler.from_preset("pytorch").get_scale()
-            65536.0
+            >>> type(GradScaler.from_preset("pytorch")).__name__, GradScaler.from_preset("megatron").get_scale()
+            ('TorchGradScaler', 4294967296.0)
         """
-        return cls(enable=enable, policy=get_preset(name, **overrides))
+        if name == "pytorch" and cls is GradScaler:
+            return TorchGradScaler(enabled=enable, policy=get_preset(name, **overrides))
+        return cls(enable, policy=get_preset(name, **overrides))
 
-    def _make_updater(self, policy):
-        updater = DynamicLossScaleUpdateCell.from_policy(policy)
-        updater.bind_scale_parameter(self._scale)
-        return updater
+    # ---- the training-loop API (graph ops; eager or inside mindspore.jit) --------------------------
+    def scale(self, outputs):
+        """``outputs`` (a loss, or a nested tuple/list of losses) times the scale; unchanged when disabled.
 
-    # ---- the training-loop API (graph ops; usable inside mindspore.jit) -------------------------
-    def scale(self, var):
-        """``var * scale`` (a float16 loss is promoted to float32); ``var`` unchanged when disabled."""
-        if not self._enable:
-            return var
-        return var * self._scale
-
-    def unscale_(self, grads, key=0):
-        """Divide ``grads`` by the scale (in float32) and record whether any is inf/nan; return them.
-
-        Call at most once per optimizer per iteration, after the backward pass, before
-        anything that needs true gradients (clipping). ``step(optimizer, grads)`` then
-        uses them as they are. With several optimizers, give each a distinct constant
-        ``key`` (an int) in both ``unscale_`` and ``step``.
+        Each loss is promoted to at least float32 first. A non-finite loss is recorded: every
+        ``step`` of this iteration after it is skipped, and ``update`` backs off.
         """
-        if not self._enable:
+        if not self._enabled:
+            return outputs
+        scaled = self._core.scale(outputs)
+        self._states.record_loss(self._core.loss_flag(outputs))
+        return scaled
+
+    def unscale_(self, grads, key=None):
+        """Return ``grads`` divided by the scale (in float32) and record whether any is inf/nan.
+
+        Call at most once per optimizer per iteration, before anything that needs the true
+        gradients (clipping), and pass what it returns to ``step``: MindSpore gradients are
+        values, so unlike PyTorch's ``unscale_(optimizer)`` it cannot change them in place.
+        ``key``: an int or str naming the optimizer, for several optimizers whose parameters
+        have the same shapes; by default the gradients' shapes identify it.
+        """
+        if not self._enabled:
             return grads
-        _record(self._usage_id, key, "unscale_")
-        return self._unscale(grads)
+        structure = self._states.structure_of(grads)
+        slot = self._states.slot(key, structure)
+        refused = self._states.refuse_unscale(slot)
+        seen = _overflow.fingerprint(self._hyper_map, grads)
+        unscaled = self._core.unscale(grads)
+        self._states.record_unscale(slot, self._decide(unscaled), seen, structure)
+        return ops.depend(unscaled, refused)  # reading the result reports a refusal (graphs run asynchronously)
 
-    def _unscale(self, grads):
-        inv_scale = self._one / self._scale
-        grads = unscale_gradients(self._hyper_map, inv_scale, grads)
-        bad = ops.select(any_nonfinite(self._hyper_map, grads), self._one, self._zero)
-        grads = ops.depend(grads, ops.assign(self._found_inf, ops.maximum(self._found_inf, bad)))
-        return grads
+    def _decide(self, unscaled):
+        """float32 0/1: these unscaled gradients (or this iteration's loss) overflowed on some rank."""
+        return self._states.found(self._core.is_overflow(self._core.flag(None, unscaled)))
 
-    def step(self, optimizer, grads, key=0):
-        """Apply ``optimizer(grads)`` unless a gradient is inf/nan; return True if the step was skipped.
+    def step(self, optimizer, grads, key=None):
+        """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
 
-        Unscales ``grads`` first unless ``unscale_`` was called with the same ``key`` in this
-        iteration. Each optimizer decides on its own gradients (as in PyTorch); ``update()``
-        backs off if any of them overflowed. Skipping means the optimizer is not called:
-        no weight, moment or optimizer step counter changes.
+        If ``unscale_`` was called for this optimizer in this iteration, ``grads`` are taken as
+        unscaled and the decision is the one ``unscale_`` recorded (whatever happened to the
+        gradients since, e.g. clamping), also skipping if ``grads`` now hold inf/nan;
+        otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
+        a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
+        and an optimizer built with its own ``loss_scale``.
         """
-        if not self._enable:
-            optimizer(grads)
-            return False
-        if not _record(self._usage_id, key, "step"):
-            grads = self._unscale(grads)
-        skipped = any_nonfinite(self._hyper_map, grads)
+        if not self._enabled:
+            return ops.depend(Tensor(False), optimizer(grads))
+        _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
+        structure = self._states.structure_of(grads)
+        slot = self._states.slot(key, structure)
+        stage = self._states.refuse_step(slot)
+        if self._states.unscaled(stage):
+            seen = _overflow.fingerprint(self._hyper_map, grads)
+            self._states.refuse_scaled_gradients(slot, seen, self._core.scale_value)
+            nonfinite = ops.logical_not(ops.isfinite(seen))
+            found = ops.maximum(self._states.found_inf[slot], self._states.found(nonfinite))
+            to_apply = grads
+        else:
+            self._states.refuse_ambiguous(slot, structure)
+            to_apply = self._core.unscale(grads)
+            found = self._decide(to_apply)
+        self._states.record_step(slot, found)
+        skipped = self._states.skips(found)
         if not skipped:
-            skipped = ops.depend(skipped, optimizer(grads))
+            skipped = ops.depend(skipped, optimizer(to_apply))
+        self._reset_after_step_if_fixed()
+        return ops.depend(skipped, stage)
+
+    def _reset_after_step_if_fixed(self):
+        """Paddle: with a fixed scale update() does nothing, so step() itself starts the next iteration."""
+        if not self._core.dynamic_flag():
+            self._states.reset()
+
+    def update(self, new_scale=None):
+        """Update the scale from this iteration's overflows (once per iteration, after every ``step``).
+
+        Backs off if any optimizer's gradients (or a scaled loss) overflowed, grows after
+        the window of clean iterations; with ``new_scale`` (PyTorch) sets the scale instead.
+        Starts the next iteration. Returns the scaler, so under ``mindspore.jit`` (which
+        rebinds the receiver of a method named ``update``) the scaler stays usable.
+        """
+        if not self._enabled:
+            return self
+        self._refuse_update()
+        if new_scale is None:
+            self._core.adjust(self._states.any_found())
+        else:
+            value = new_scale if isinstance(new_scale, Tensor) else _checked_new_scale(new_scale)
+            if ops.logical_not(ops.logical_and(ops.isfinite(value), value > ops.zeros_like(value))).any():
+                raise ValueError("'new_scale' must be finite and > 0.")
+            self._core.assign_scale(value)
+        self._states.reset()
+        return self
+
+    def _refuse_update(self):
+        """Paddle's update() needs no step(); PyTorch's does (TorchGradScaler)."""
+        return None
+
+    def minimize(self, optimizer, grads, key=None):
+        """``step(optimizer, grads, key)`` then ``update()`` (Paddle); return True if the step was skipped."""
+        skipped = self.step(optimizer, grads, key)
+        self.update()
         return skipped
 
-    def update(self):
-        """Update the scale from this iteration's overflow flag (once per iteration) and reset it."""
-        if not self._enable:
-            return None
-        _forget(self._usage_id)
-        overflow = self._found_inf > self._zero
-        if self._dynamic:
-            overflow = self._updater(self._scale, overflow)
-        done = ops.assign(self._found_inf, ops.depend(self._zero, overflow))
-        return ops.depend(self._scale, done)
-
-    def minimize(self, optimizer, grads, key=0):
-        """``step(optimizer, grads)`` then ``update()`` (Paddle); return True if the step was skipped."""
-        skipped = self.step(optimizer, grads, key)
-        return ops.depend(skipped, self.update())
-
-    # ---- queries and settings (host) -----------------------------------------------------------
+    # ---- queries (host) ----------------------------------------------------------------------------
     def is_enable(self):
         """Whether loss scaling is on (Paddle)."""
-        return self._enable
+        return self._enabled
 
     def is_enabled(self):
         """Whether loss scaling is on (PyTorch)."""
-        return self._enable
+        return self._enabled
 
     def is_use_dynamic_loss_scaling(self):
-        """Whether the scale is updated dynamically (Paddle)."""
-        return self._dynamic
+        """Whether the scale is updated dynamically (False when disabled, as Paddle)."""
+        return self._enabled and self._core.dynamic
 
     def get_scale(self):
-        """The current scale as a Python float (PyTorch; one host sync); 1.0 when disabled."""
-        return float(self._scale.asnumpy()) if self._enable else 1.0
+        """The current scale as a Python float (one host sync); 1.0 when disabled."""
+        return self._core.get_scale() if self._enabled else 1.0
 
     def get_loss_scaling(self):
-        """The current scale as a float32 Tensor (Paddle)."""
-        return Tensor(self._scale.asnumpy())
+        """The current scale as a float32 Tensor (Paddle; one host sync)."""
+        return Tensor(np.float32(self.get_scale()))
 
     def get_state(self):
-        """The policy state (:class:`lossscale.policy.LossScaleState`), read from the device."""
-        return self._updater.get_state()
-
-    def _rule_with(self, **paddle_values):
-        """The current rule with some Paddle-named values replaced (validated; Paddle names in errors)."""
-        values = {"init_loss_scaling": self._policy.init_scale, "incr_ratio": self._policy.growth_factor,
-                  "decr_ratio": self._policy.backoff_factor, "incr_every_n_steps": self._policy.growth_interval,
-                  "decr_every_n_nan_or_inf": self._policy.hysteresis}
-        values.update(paddle_values)
-        return build_policy(_PADDLE_NAMES, init_scale=values["init_loss_scaling"],
-                            growth_factor=values["incr_ratio"], backoff_factor=values["decr_ratio"],
-                            growth_interval=values["incr_every_n_steps"],
-                            hysteresis=values["decr_every_n_nan_or_inf"],
-                            consecutive_hysteresis=self._policy.consecutive_hysteresis,
-                            refill_hysteresis_on_backoff=self._policy.refill_hysteresis_on_backoff,
-                            min_scale=self._policy.min_scale, max_scale=self._policy.max_scale)
-
-    def _install(self, policy, state):
-        """Switch to ``policy`` starting from ``state`` (a new update cell on the same scale Parameter)."""
-        self._policy = policy
-        self._updater = self._make_updater(policy)
-        self._updater.set_state(state)
-
-    def _set_rule(self, **paddle_values):
-        """Change the rule, keeping the current scale and counters (clipped to the new bounds)."""
-        state = self.get_state()
-        policy = self._rule_with(**paddle_values)
-        self._install(policy, LossScaleState(scale=state.scale,
-                                             good_steps=min(state.good_steps, policy.growth_interval - 1),
-                                             hysteresis_left=min(state.hysteresis_left, policy.hysteresis)))
+        """The rule's state (:class:`lossscale.policy.LossScaleState`), read from the device."""
+        if not self._enabled:
+            return LossScaleState(scale=1.0)
+        return self._core.update_cell.get_state()
 
     def get_init_loss_scaling(self):
-        """The initial scale."""
-        return self._policy.init_scale
-
-    def set_init_loss_scaling(self, new_init_loss_scaling):
-        """Set the initial scale; like Paddle it also becomes the current scale."""
-        policy = self._rule_with(init_loss_scaling=new_init_loss_scaling)
-        self._install(policy, LossScaleState(scale=policy.init_scale, good_steps=0,
-                                             hysteresis_left=policy.hysteresis))
+        """The initial scale (1.0 when disabled, as Paddle)."""
+        return self._policy.init_scale if self._enabled else 1.0
 
     def get_incr_ratio(self):
         """The growth multiplier."""
         return self._policy.growth_factor
 
-    def set_incr_ratio(self, new_incr_ratio):
-        """Set the growth multiplier (must be > 1.0)."""
-        self._set_rule(incr_ratio=new_incr_ratio)
-
     def get_decr_ratio(self):
         """The backoff multiplier."""
         return self._policy.backoff_factor
-
-    def set_decr_ratio(self, new_decr_ratio):
-        """Set the backoff multiplier (must be in (0, 1))."""
-        self._set_rule(decr_ratio=new_decr_ratio)
 
     def get_incr_every_n_steps(self):
         """Consecutive clean steps per growth."""
         return self._policy.growth_interval
 
-    def set_incr_every_n_steps(self, new_incr_every_n_steps):
-        """Set the clean steps per growth (an int >= 1)."""
-        self._set_rule(incr_every_n_steps=new_incr_every_n_steps)
-
     def get_decr_every_n_nan_or_inf(self):
         """Consecutive bad steps per backoff."""
         return self._policy.hysteresis
 
+    get_growth_factor = get_incr_ratio
+    get_backoff_factor = get_decr_ratio
+    get_growth_interval = get_incr_every_n_steps
+
+    # ---- settings (host; they reach steps compiled before them) ---------------------------------------
+    def _set_rule(self, **fields):
+        policy = _framework_rule(fields, self._FIELDS, self._policy)
+        if self._enabled:
+            state = None
+            if "init_scale" in fields:  # as Paddle: the new initial scale is the current scale, counts kept
+                current = self.get_state()
+                state = LossScaleState(scale=policy.init_scale, good_steps=current.good_steps,
+                                       hysteresis_left=current.hysteresis_left)
+            self._core.set_rule(policy, state)
+        self._policy = policy
+
+    def set_init_loss_scaling(self, new_init_loss_scaling):
+        """Set the initial scale; as in Paddle it also becomes the current scale."""
+        self._set_rule(init_scale=new_init_loss_scaling)
+
+    def set_incr_ratio(self, new_incr_ratio):
+        """Set the growth multiplier (> 1.0)."""
+        self._set_rule(growth_factor=new_incr_ratio)
+
+    def set_decr_ratio(self, new_decr_ratio):
+        """Set the backoff multiplier (in (0, 1))."""
+        self._set_rule(backoff_factor=new_decr_ratio)
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps):
+        """Set the clean steps per growth (an int >= 1); a longer count is clipped to the new window."""
+        self._set_rule(growth_interval=new_incr_every_n_steps)
+
     def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf):
         """Set the bad steps per backoff (an int >= 1)."""
-        self._set_rule(decr_every_n_nan_or_inf=new_decr_every_n_nan_or_inf)
+        self._set_rule(hysteresis=new_decr_every_n_nan_or_inf)
 
-    def get_growth_factor(self):
-        """PyTorch spelling of :meth:`get_incr_ratio`."""
-        return self.get_incr_ratio()
+    set_growth_factor = set_incr_ratio
+    set_backoff_factor = set_decr_ratio
+    set_growth_interval = set_incr_every_n_steps
 
-    def get_backoff_factor(self):
-        """PyTorch spelling of :meth:`get_decr_ratio`."""
-        return self.get_decr_ratio()
-
-    def get_growth_interval(self):
-        """PyTorch spelling of :meth:`get_incr_every_n_steps`."""
-        return self.get_incr_every_n_steps()
-
+    # ---- state ------------------------------------------------------------------------------------
     def state_dict(self):
-        """Paddle's keys (empty when disabled): the rule, the scale and the counters (one host sync)."""
-        if not self._enable:
+        """Paddle's state (empty when disabled): ``scale`` (a float32 array of shape (1,)), the rule,
+        ``incr_count``, ``decr_count``, ``use_dynamic_loss_scaling`` (one host sync)."""
+        if not self._enabled:
             return {}
-        state = self.get_state()
-        return {"scale": state.scale, "init_loss_scaling": self._policy.init_scale,
-                "incr_ratio": self._policy.growth_factor, "decr_ratio": self._policy.backoff_factor,
-                "incr_every_n_steps": self._policy.growth_interval,
-                "decr_every_n_nan_or_inf": self._policy.hysteresis, "incr_count": state.good_steps,
-                "decr_count": self._policy.hysteresis - state.hysteresis_left,
-                "use_dynamic_loss_scaling": self._dynamic}
+        state, policy = self.get_state(), self._policy
+        return {"scale": np.array([state.scale], np.float32), "incr_ratio": policy.growth_factor,
+                "decr_ratio": policy.backoff_factor, "incr_every_n_steps": policy.growth_interval,
+                "decr_every_n_nan_or_inf": policy.hysteresis, "incr_count": state.good_steps,
+                "decr_count": policy.hysteresis - state.hysteresis_left,
+                "use_dynamic_loss_scaling": self._core.dynamic}
 
     def load_state_dict(self, state_dict):
-        """Restore :meth:`state_dict` output (validated first; nothing changes on error)."""
-        if not self._enable:
-            if state_dict:
-                raise ValueError("this GradScaler is disabled; it can only load an empty state_dict.")
+        """Restore a state: this scaler's, Paddle's or PyTorch's format (validated; nothing changes on error).
+
+        Ignored when disabled (as Paddle and PyTorch). The saved scale also becomes the
+        initial scale (as both do).
+        """
+        if not self._enabled:
             return
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"'state_dict' must be a dict, but got {type(state_dict).__name__}.")
         if not state_dict:
-            raise ValueError("'state_dict' is empty: it was saved by a disabled GradScaler.")
-        policy = self._rule_with(**{key: state_dict[key] for key in _PADDLE_DEFAULTS})
-        state = check_state(policy, LossScaleState(scale=float(state_dict["scale"]),
-                                                   good_steps=int(state_dict["incr_count"]),
-                                                   hysteresis_left=policy.hysteresis - int(state_dict["decr_count"])))
-        self._dynamic = check_bool("use_dynamic_loss_scaling", state_dict["use_dynamic_loss_scaling"])
-        self._install(policy, state)
+            raise RuntimeError(self._EMPTY_STATE)
+        policy, state, dynamic = _parse_state(state_dict, self._policy)
+        self._core.set_rule(policy, state, dynamic)
+        self._policy = policy
+
+    _EMPTY_STATE = ("The input state dict is empty, possibly because it was saved from a disabled instance of "
+                    "GradScaler.")
+
+    def __getstate__(self):
+        """Pickle between iterations only (as PyTorch): the configuration and the state."""
+        if self._enabled and not self._states.between_iterations():
+            raise RuntimeError("A GradScaler can only be pickled at the beginning of an iteration, or at the end "
+                               "after update().")
+        return {"config": self._config, "policy": self._policy, "state": self.state_dict()}
+
+    def __setstate__(self, saved):
+        config = dict(saved["config"])
+        policy = config.pop("policy")
+        self.__init__(**dict(config, policy=policy))
+        if saved["state"]:
+            self.load_state_dict(saved["state"])
+
+
+@ms.jit_class
+class TorchGradScaler(GradScaler):
+    """PyTorch's ``torch.amp.GradScaler`` on MindSpore (what ``GradScaler`` returns for PyTorch's spelling).
+
+    Defaults and rule are PyTorch's: the scale starts at 2**16, is multiplied by
+    ``growth_factor`` after ``growth_interval`` consecutive iterations without inf/nan, by
+    ``backoff_factor`` on every iteration with one, with no floor; growth never produces inf.
+    ``update()`` without an ``unscale_``/``step`` since the last ``update`` raises
+    ``AssertionError`` ("No inf checks were recorded prior to update"), as in PyTorch.
+
+    Args:
+        device (str): accepted for PyTorch compatibility (``"cuda"``, ``"cpu"``, ``"npu"``, ...). The
+            scale lives on MindSpore's context device; scaling is never disabled because of it
+            (PyTorch disables itself for ``"cuda"`` without CUDA).
+        init_scale (float): initial scale. Default 2**16.
+        growth_factor (float): > 1. Default 2.0.
+        backoff_factor (float): in (0, 1). Default 0.5.
+        growth_interval (int): >= 1. Default 2000.
+        enabled (bool): False makes every method a no-op (``step`` just applies). Default True.
+
+    Keyword Args:
+        policy, overflow_check, name: as for :class:`GradScaler`.
+
+    Example:
+        >>> scaler = TorchGradScaler(init_scale=1024.0, growth_interval=100)
+        >>> scaler.get_scale(), scaler.get_growth_interval(), sorted(scaler.state_dict())
+        (1024.0, 100, ['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale'])
+    """
+
+    _FIELDS = _TORCH_FIELDS
+
+    def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True, *, policy=None, overflow_check=None, name=None):
+        if not isinstance(device, str):
+            raise TypeError(f"'device' must be a str such as 'cuda' or 'cpu', but got {type(device).__name__}.")
+        rule = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                "growth_interval": growth_interval, "hysteresis": 1}
+        config = dict(zip(TORCH_DEFAULTS, (device, init_scale, growth_factor, backoff_factor, growth_interval,
+                                           enabled)))
+        self._device = device
+        self._setup(config, policy, rule, check_bool("enabled", enabled), True, overflow_check, name)
+
+    @staticmethod
+    def _base_rule():
+        return get_preset("pytorch")
+
+    @staticmethod
+    def _default_rule():
+        return {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                "hysteresis": 1}
+
+    def _refuse_update(self):
+        return self._states.refuse_update_without_checks()
+
+    def _reset_after_step_if_fixed(self):
+        """PyTorch's scale is always dynamic: update() starts the next iteration."""
+        return None
+
+    def state_dict(self):
+        """PyTorch's state (empty when disabled): ``scale``, ``growth_factor``, ``backoff_factor``,
+        ``growth_interval``, ``_growth_tracker`` (one host sync)."""
+        if not self._enabled:
+            return {}
+        state = self.get_state()
+        return {"scale": state.scale, "growth_factor": self._policy.growth_factor,
+                "backoff_factor": self._policy.backoff_factor, "growth_interval": self._policy.growth_interval,
+                "_growth_tracker": state.good_steps}
+
+    _EMPTY_STATE = ("The source state dict is empty, possibly because it was saved from a disabled instance of "
+                    "GradScaler.")
+
+
+def _number(state_dict, key):
+    """``state_dict[key]`` as a Python number (a one-element array or Tensor is unwrapped)."""
+    value = state_dict[key]
+    if isinstance(value, Tensor):
+        value = value.asnumpy()
+    if isinstance(value, (np.ndarray, list, tuple)):
+        array = np.asarray(value)
+        if array.size != 1:
+            raise ValueError(f"'state_dict[{key!r}]' must hold one number, but got {array.size} values.")
+        value = array.reshape(-1)[0].item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def _parse_state(state_dict, current):
+    """``(policy, state, dynamic)`` from a Paddle-format or PyTorch-format state dict, fully validated."""
+    if "incr_ratio" in state_dict:
+        keys, names = _PADDLE_STATE_KEYS, _PADDLE_FIELDS
+    elif "growth_factor" in state_dict:
+        keys, names = _TORCH_STATE_KEYS, _TORCH_FIELDS
+    else:
+        raise ValueError(f"'state_dict' is neither a Paddle GradScaler state (keys {list(_PADDLE_STATE_KEYS)}) nor a "
+                         f"PyTorch one (keys {list(_TORCH_STATE_KEYS)}); got keys {sorted(state_dict)}.")
+    missing = [key for key in keys if key not in state_dict]
+    if missing:
+        raise ValueError(f"'state_dict' is missing {missing}; a {'Paddle' if names is _PADDLE_FIELDS else 'PyTorch'} "
+                         f"GradScaler state has the keys {list(keys)}.")
+    values = {key: _number(state_dict, key) for key in keys}
+    scale = values["scale"]
+    rule = {"init_scale": scale, "growth_factor": values[names["growth_factor"]],
+            "backoff_factor": values[names["backoff_factor"]], "growth_interval": values[names["growth_interval"]]}
+    if names is _PADDLE_FIELDS:
+        rule["hysteresis"] = values["decr_every_n_nan_or_inf"]
+    policy = _framework_rule(rule, {**names, "init_scale": "state_dict['scale']"}, current)
+    if names is _PADDLE_FIELDS:
+        good = check_int_in_range("state_dict['incr_count']", values["incr_count"], low=0,
+                                  high=policy.growth_interval - 1)
+        bad = check_int_in_range("state_dict['decr_count']", values["decr_count"], low=0, high=policy.hysteresis - 1)
+        dynamic = check_bool("state_dict['use_dynamic_loss_scaling']", values["use_dynamic_loss_scaling"])
+        state = LossScaleState(scale=policy.init_scale, good_steps=good, hysteresis_left=policy.hysteresis - bad)
+    else:
+        good = check_int_in_range("state_dict['_growth_tracker']", values["_growth_tracker"], low=0,
+                                  high=policy.growth_interval - 1)
+        state, dynamic = LossScaleState(scale=policy.init_scale, good_steps=good,
+                                        hysteresis_left=policy.hysteresis), True
+    return policy, check_state(policy, state), dynamic
+
+
+def _init_signature(cls):
+    """``cls``'s constructor signature without ``self`` (what ``inspect.signature(cls)`` shows)."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return inspect.Signature(parameters)
+
+
+GradScaler.__signature__ = _init_signature(GradScaler)
+TorchGradScaler.__signature__ = _init_signature(TorchGradScaler)

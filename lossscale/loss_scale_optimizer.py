@@ -1,73 +1,210 @@
-"""``LossScaleOptimizer``: Keras' loss-scaling optimizer wrapper for MindSpore.
+"""``LossScaleOptimizer``: Keras' loss-scaling optimizer wrapper (``tf.keras.mixed_precision``) for MindSpore.
 
-Seed: ``tf.keras.mixed_precision.LossScaleOptimizer``. The default rule is the
-Keras 3 one (:func:`lossscale.presets.get_preset` ``("keras")``): the scale doubles
-after ``dynamic_growth_steps`` consecutive finite steps and halves on a non-finite
-one, with no floor. Unlike Keras, it never grows to inf.
+The API is tf.keras' (Keras 2), the one the Keras documentation of ``get_scaled_loss`` and
+``get_unscaled_gradients`` describes, translated onto the :class:`lossscale.scaler.LossScaler`
+core. The default rule is tf.keras' (:func:`lossscale.presets.get_preset` ``("tf_keras")``):
+the scale doubles after ``dynamic_growth_steps`` consecutive finite steps and halves, floored
+at 1, on a non-finite one; it never grows to inf.
 
-Example (the seed's, with MindSpore)::
+Example (Keras' own, with MindSpore)::
 
     opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.25))
+    opt.minimize(lambda: loss_fn(net(x)))           # scales, unscales, applies, updates the scale
+    # or by hand:
     def forward(x):
         return opt.get_scaled_loss(loss_fn(net(x)))
     grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
     scaled_loss, grads = grad_fn(x)
-    grads = opt.get_unscaled_gradients(grads)
-    opt(grads)            # skipped if a gradient is inf/nan; the loss scale is updated here
+    opt.apply_gradients(opt.get_unscaled_gradients(grads))   # skipped on inf/nan; scale updated here
+
+Both scaling calls are checked per iteration (Parameters, so eager and compiled code agree):
+``apply_gradients`` refuses gradients of a scaled loss that were not unscaled (``loss_scale``
+times too large) and gradients unscaled without a scaled loss (``1/loss_scale`` times too
+small), before anything is applied; with neither call it applies them and warns once (when
+called from Python; a warning cannot be raised from inside a compiled graph).
+
+"Skip" (a non-finite gradient or loss): the inner optimizer is not called, so weights and
+moments do not change; as in tf.keras its step counter (``global_step``, Keras'
+``iterations``) still advances, so learning-rate schedules keep their pace.
 """
+import numbers
+import warnings
+
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale.overflow import any_nonfinite, unscale_gradients
+from lossscale._naming import claim_name
+from lossscale._parameters import write_parameter
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.update_cells import DynamicLossScaleUpdateCell
+from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
+# Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
+_INNER_OPTIMIZER_ARGUMENTS = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema", "ema_momentum",
+                              "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps")
 
 
-def _keras_policy(dynamic, initial_scale, dynamic_growth_steps, policy):
-    """Validate Keras' arguments (``ValueError`` for anything invalid) and build the policy."""
+def _refuse_unsupported_arguments(inner_optimizer, kwargs):
+    """Keras 3's ValueErrors for keyword arguments the wrapper does not take."""
+    # MindSpore's optimizers record their constructor arguments (except params and learning_rate) in init_args.
+    own = set(getattr(inner_optimizer, "init_args", {})) | {"learning_rate"}
+    for name in kwargs:
+        if name in _INNER_OPTIMIZER_ARGUMENTS or name in own:
+            raise ValueError(f"LossScaleOptimizer does not support `{name}`. Instead, set `{name}` on the "
+                             f"`inner_optimizer`.")
+    if kwargs:
+        raise ValueError(f"LossScaleOptimizer does not support arguments: `{'`, `'.join(kwargs)}`.")
+
+
+def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
+    """A LossScalePolicy (dynamic) or a float (fixed) from Keras' arguments; ValueError for anything invalid."""
     if not isinstance(dynamic, bool):
         raise ValueError(f"'dynamic' must be a bool, but got {dynamic!r}.")
     if policy is not None:
-        if initial_scale is not None or dynamic_growth_steps is not None:
-            raise ValueError("give either 'policy' or 'initial_scale'/'dynamic_growth_steps', not both.")
-        return policy
+        if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
+            raise ValueError("give either 'policy' or 'dynamic'/'initial_scale'/'dynamic_growth_steps', not both.")
+        return get_preset(policy) if isinstance(policy, str) else policy
     if not dynamic:
         if initial_scale is None:
-            raise ValueError("'initial_scale' must be given when dynamic=False: it is the fixed loss scale.")
+            raise ValueError("'initial_scale' must be specified if 'dynamic' is False: it is the fixed loss scale.")
         if dynamic_growth_steps is not None:
-            raise ValueError("'dynamic_growth_steps' cannot be given when dynamic=False.")
-    fields = dict(init_scale=2.0**15 if initial_scale is None else initial_scale,
-                  growth_interval=2000 if dynamic_growth_steps is None else dynamic_growth_steps)
+            raise ValueError(f"'dynamic_growth_steps' must be None if 'dynamic' is False, but got "
+                             f"{dynamic_growth_steps!r}.")
+        try:
+            return float(positive_scale("initial_scale", initial_scale))
+        except TypeError as error:
+            raise ValueError(str(error)) from None
+    fields = {"init_scale": 2.0**15 if initial_scale is None else initial_scale,
+              "growth_interval": 2000 if dynamic_growth_steps is None else dynamic_growth_steps}
     try:
-        base = get_preset("keras")
-        return build_policy(_KERAS_NAMES, **dict(vars(base), **fields))
+        return build_policy(_KERAS_NAMES, **dict(vars(get_preset("tf_keras")), **fields))
     except TypeError as error:
         raise ValueError(str(error)) from None
 
 
+def _learning_rate_value(value):
+    """A learning rate given to the wrapper: a finite number >= 0 (or a one-value float Tensor)."""
+    if isinstance(value, Tensor):
+        array = value.asnumpy()
+        if array.dtype == np.bool_ or array.size != 1:
+            raise ValueError(f"'learning_rate' must be one float value, but got {array.dtype} of shape {array.shape}.")
+        value = array.reshape(-1)[0].item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"'learning_rate' must be a finite number >= 0, but got {value!r}.")
+    return float(value)
+
+
+def _gradients_of(grads_and_vars):
+    """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form)."""
+    items = tuple(grads_and_vars)
+    if items and isinstance(items[0], (tuple, list)):
+        items = tuple(pair[0] for pair in items)
+    for index, grad in enumerate(items):
+        if grad is None:
+            raise ValueError(f"gradient {index} is None: MindSpore optimizers need a gradient for every parameter.")
+    return items
+
+
+class _IterationFlags(nn.Cell):
+    """This iteration's scaling calls (Parameters, shared by eager and compiled code)."""
+
+    def __init__(self, prefix):
+        super().__init__(auto_prefix=False)
+        self.loss_scaled = Parameter(Tensor(False), name=f"{prefix}.loss_scaled", requires_grad=False)
+        self.grads_unscaled = Parameter(Tensor(False), name=f"{prefix}.grads_unscaled", requires_grad=False)
+        self.loss_nonfinite = Parameter(Tensor(0.0, mstype.float32), name=f"{prefix}.loss_nonfinite",
+                                        requires_grad=False)
+        self._usage_checked = False
+
+    def record_scaled(self, loss_flag):
+        bad = ops.select(ops.isfinite(loss_flag), self.loss_nonfinite, ops.ones_like(loss_flag))
+        ops.assign(self.loss_nonfinite, bad)
+        return ops.assign(self.loss_scaled, Tensor(True))
+
+    def record_unscaled(self):
+        return ops.assign(self.grads_unscaled, Tensor(True))
+
+    def refuse_mismatch(self):
+        if ops.logical_and(self.loss_scaled, ops.logical_not(self.grads_unscaled)):
+            raise RuntimeError("apply_gradients() got the gradients of a scaled loss without get_unscaled_gradients(): "
+                               "they are loss_scale times too large. Pass opt.get_unscaled_gradients(grads).")
+        if ops.logical_and(self.grads_unscaled, ops.logical_not(self.loss_scaled)):
+            raise RuntimeError("apply_gradients() got gradients unscaled with get_unscaled_gradients() but the loss was "
+                               "not scaled with get_scaled_loss(): they are 1/loss_scale of the true gradients.")
+        return self.loss_scaled
+
+    def reset(self):
+        ops.assign(self.loss_scaled, Tensor(False))
+        ops.assign(self.grads_unscaled, Tensor(False))
+        return ops.assign(self.loss_nonfinite, ops.zeros_like(self.loss_nonfinite))
+
+    def warn_once_without_scaling(self):
+        """Host, first call from Python only (one read): warn if neither scaling call was made."""
+        if self._usage_checked:
+            return
+        self._usage_checked = True
+        if not (bool(self.loss_scaled.asnumpy()) or bool(self.grads_unscaled.asnumpy())):
+            warnings.warn("LossScaleOptimizer applied gradients without get_scaled_loss() and "
+                          "get_unscaled_gradients(): the loss is not scaled, so float16 gradients can underflow. "
+                          "Scale the loss with get_scaled_loss() and unscale the gradients with "
+                          "get_unscaled_gradients(), or use minimize().", UserWarning, stacklevel=4)
+
+
+class _ApplyGradients(nn.Cell):
+    """The apply step: skip or apply, update the scale, start the next iteration.
+
+    A child Cell, so ``apply_gradients`` can call it both from Python (compiled, with the host
+    check of :meth:`_IterationFlags.warn_once_without_scaling`) and inside ``mindspore.jit``.
+    """
+
+    def __init__(self, core, inner, flags):
+        super().__init__(auto_prefix=False)
+        self.core = core
+        self.inner = inner
+        self.flags = flags
+        self._one = Tensor(1, mstype.int32)
+
+    def construct(self, grads):
+        self.flags.refuse_mismatch()
+        overflow = self.core.is_overflow(self.core.flag(None, grads) + self.flags.loss_nonfinite)
+        if not overflow:
+            overflow = ops.depend(overflow, self.inner(grads))
+        else:  # tf.keras: the optimizer's step counter advances on a skipped step too
+            overflow = ops.depend(overflow, ops.assign_add(self.inner.global_step, self._one))
+        overflow = self.core.adjust(overflow)
+        self.flags.reset()
+        return overflow
+
+    def __call__(self, *args, **kwargs):
+        self.flags.warn_once_without_scaling()
+        return super().__call__(*args, **kwargs)
+
+
 class LossScaleOptimizer(nn.Cell):
-    """Wrap a MindSpore optimizer with (dynamic) loss scaling, Keras style.
+    """Wrap a MindSpore optimizer with (dynamic) loss scaling, as ``tf.keras.mixed_precision.LossScaleOptimizer``.
 
     Args:
-        inner_optimizer (nn.Optimizer): the optimizer to wrap.
+        inner_optimizer (nn.Optimizer): the optimizer to wrap (once; built without ``loss_scale``).
         dynamic (bool): dynamic loss scaling (default True) or a fixed scale.
         initial_scale (float): the initial scale; default 2**15 when dynamic; required
             when ``dynamic=False`` (it is then the fixed scale).
         dynamic_growth_steps (int): consecutive finite steps per doubling; default 2000.
-        policy (LossScalePolicy, keyword only): another rule (see :mod:`lossscale.presets`).
+
+    Keyword Args:
+        policy (LossScalePolicy or str): another rule (see :mod:`lossscale.presets`).
+        overflow_check (str or check Cell): the backend check; default the device target's.
+        name (str): prefix of this wrapper's Parameter names; default a unique one.
 
     Raises:
-        ValueError: for any invalid argument (as Keras).
+        ValueError: for any invalid argument (as Keras), including keyword arguments of the
+            inner optimizer (set them there) and an inner optimizer with its own ``loss_scale``.
 
-    Calling the optimizer with *unscaled* gradients (from :meth:`get_unscaled_gradients`)
-    applies them unless one is inf/nan, then updates the scale; it returns True when the
-    step was skipped. Hyperparameters (``learning_rate``, ``beta1``, ``parameters`` ...)
-    are read from the inner optimizer, and ``learning_rate`` can be set through the
-    wrapper.
+    Calling the wrapper (or :meth:`apply_gradients`) with *unscaled* gradients applies them
+    unless one is inf/nan (or the scaled loss was), then updates the scale; it returns True
+    when the step was skipped. Hyperparameters (``learning_rate``, ``beta1``, ``parameters``,
+    ...) are read from the inner optimizer; ``learning_rate`` (alias ``lr``) can be set.
 
     Example:
         >>> from mindspore import nn
@@ -76,47 +213,87 @@ class LossScaleOptimizer(nn.Cell):
         (True, 32768.0, 2000, 32768.0)
     """
 
-    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, *,
-                 policy=None):
+    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, *, policy=None,
+                 overflow_check=None, name=None, **kwargs):
         super().__init__(auto_prefix=False)
+        _refuse_unsupported_arguments(inner_optimizer, kwargs)
         if not isinstance(inner_optimizer, nn.Optimizer):
             raise ValueError(f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
                              f"{type(inner_optimizer).__name__}.")
-        self._policy = _keras_policy(dynamic, initial_scale, dynamic_growth_steps, policy)
+        if getattr(inner_optimizer, "_wrapped_by_loss_scale_optimizer", False):
+            raise ValueError("'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
+                             "wrapped by a single LossScaleOptimizer.")
+        check_optimizer_loss_scale(inner_optimizer)
+        rule = _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy)
+        prefix = claim_name(name, self, "loss_scale_optimizer")
+        self._core = LossScaler(rule, name=prefix, overflow_check=overflow_check)
         self._dynamic = dynamic
+        self._initial_scale = rule.init_scale if dynamic else rule
         self._inner = inner_optimizer
-        self._scale = Parameter(Tensor(np.float32(self._policy.init_scale)), name="loss_scale_optimizer_scale",
-                                requires_grad=False)
-        self._updater = DynamicLossScaleUpdateCell.from_policy(self._policy)
-        self._updater.bind_scale_parameter(self._scale)
-        self._hyper_map = ops.HyperMap()
-        self._one = Tensor(1.0, mstype.float32)
+        inner_optimizer._wrapped_by_loss_scale_optimizer = True  # pylint: disable=protected-access
+        self._iteration = _IterationFlags(prefix)
+        self._apply_step = _ApplyGradients(self._core, inner_optimizer, self._iteration)
 
-    # ---- Keras API -----------------------------------------------------------------------------
+    # ---- Keras API (graph ops: eager or inside mindspore.jit) -------------------------------------
     def get_scaled_loss(self, loss):
-        """``loss * loss_scale``."""
-        return loss * self._scale
+        """``loss * loss_scale`` (promoted to at least float32); a callable returns a callable doing that."""
+        if not isinstance(loss, (Tensor, tuple, list)):
+            if not callable(loss):
+                raise ValueError(f"'loss' must be a Tensor or a callable returning one, but got {type(loss).__name__}.")
+
+            def scaled_loss():
+                return self.get_scaled_loss(loss())
+
+            return scaled_loss
+        scaled = self._core.scale(loss)
+        self._iteration.record_scaled(self._core.loss_flag(loss))
+        return scaled
 
     def get_unscaled_gradients(self, grads):
-        """Every gradient divided by the loss scale (computed in float32)."""
-        return unscale_gradients(self._hyper_map, self._one / self._scale, grads)
+        """Every gradient divided by the loss scale (in float32); None entries are passed through."""
+        unscaled = self._core.unscale(grads)
+        self._iteration.record_unscaled()
+        return unscaled
 
     def construct(self, grads):
-        skipped = any_nonfinite(self._hyper_map, grads)
-        if not skipped:
-            skipped = ops.depend(skipped, self._inner(grads))
-        if self._dynamic:
-            skipped = self._updater(self._scale, skipped)
-        return skipped
+        return self._apply_step(grads)
 
-    def apply_gradients(self, grads):
-        """Keras spelling of calling the optimizer: apply unless non-finite, update the scale."""
-        return self(grads)
+    def __call__(self, *args, **kwargs):
+        self._iteration.warn_once_without_scaling()
+        return super().__call__(*args, **kwargs)
 
+    def apply_gradients(self, grads_and_vars):
+        """Apply unscaled gradients (a tuple, or Keras' ``(gradient, variable)`` pairs) unless one is inf/nan,
+        then update the scale; return True if the step was skipped."""
+        return self._apply_step(_gradients_of(grads_and_vars))
+
+    def minimize(self, loss, var_list=None):
+        """Keras' ``minimize``: scale ``loss()`` (a callable), differentiate, unscale, apply, update the scale.
+
+        ``var_list``, if given, must be the inner optimizer's parameters (a MindSpore
+        optimizer is bound to them). Returns True if the step was skipped.
+        """
+        from mindspore import value_and_grad  # pylint: disable=import-outside-toplevel
+
+        if not callable(loss):
+            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}.")
+        parameters = self._inner.parameters
+        if var_list is not None:
+            given = list(var_list) if isinstance(var_list, (list, tuple)) else [var_list]
+            if [id(p) for p in given] != [id(p) for p in parameters]:
+                raise ValueError("'var_list' must be the inner optimizer's parameters, in order: a MindSpore optimizer "
+                                 "is bound to the parameters it was built with.")
+        def scaled_loss():
+            return self.get_scaled_loss(loss())
+
+        _, grads = value_and_grad(scaled_loss, None, parameters)()
+        return self.apply_gradients(self.get_unscaled_gradients(grads))
+
+    # ---- properties ------------------------------------------------------------------------------
     @property
     def loss_scale(self):
         """The current loss scale as a float32 scalar Tensor (one host sync)."""
-        return Tensor(self._scale.asnumpy())
+        return Tensor(np.float32(self._core.get_scale()))
 
     @property
     def dynamic(self):
@@ -126,17 +303,17 @@ class LossScaleOptimizer(nn.Cell):
     @property
     def dynamic_counter(self):
         """Consecutive finite steps since the scale last changed (None if not dynamic; one sync)."""
-        return self._updater.get_state().good_steps if self._dynamic else None
+        return self._core.update_cell.get_state().good_steps if self._dynamic else None
 
     @property
     def dynamic_growth_steps(self):
         """Finite steps per doubling (None if not dynamic)."""
-        return self._policy.growth_interval if self._dynamic else None
+        return self._core.policy.growth_interval if self._dynamic else None
 
     @property
     def initial_scale(self):
         """The initial loss scale (the fixed scale when not dynamic)."""
-        return self._policy.init_scale
+        return self._initial_scale
 
     @property
     def inner_optimizer(self):
@@ -144,16 +321,30 @@ class LossScaleOptimizer(nn.Cell):
         return self._inner
 
     @property
+    def iterations(self):
+        """The inner optimizer's step counter (``global_step``), Keras' ``iterations``."""
+        return self._inner.global_step
+
+    @property
     def learning_rate(self):
-        """The inner optimizer's learning rate (delegated)."""
+        """The inner optimizer's learning rate (delegated; settable, also as ``lr``)."""
         return self._inner.learning_rate
 
     @learning_rate.setter
     def learning_rate(self, value):
-        if isinstance(value, (int, float)):
-            self._inner.learning_rate.set_data(Tensor(np.float32(value)))
-        else:
-            self._inner.learning_rate = value
+        inner = self._inner
+        if getattr(inner, "dynamic_lr", False) or getattr(inner, "is_group_lr", False):
+            raise ValueError("the inner optimizer has a learning-rate schedule or per-group rates; set them when "
+                             "building it.")
+        write_parameter(inner.learning_rate, _learning_rate_value(value))
+
+    lr = learning_rate
+
+    def __setattr__(self, name, value):
+        if name in ("learning_rate", "lr"):  # not nn.Cell's Parameter registration: set the inner optimizer's
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
 
     def __getattr__(self, name):
         try:

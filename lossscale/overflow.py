@@ -5,6 +5,8 @@ Every check is a small Cell with MindSpore's own two-phase protocol (the split o
 
     status, compute_input = check.start(pre_cond, compute_input)   # after the loss, before backward
     flag = check.flag(status, compute_output)                      # after the gradients
+    loss = check.before_backward(loss)   # the same first phase, for a loss scaled inside the user's
+                                         # differentiated function (front-ends): runs as its backward begins
 
 ``flag`` is a float32 scalar for this rank: 0 when every gradient is finite, non-zero
 (a count, or nan) otherwise. Sums and all-reduces keep it non-zero, so the
@@ -139,18 +141,22 @@ GEMV_PROBE_MIN_SIZE = 1 << 16
 _FINGERPRINT_WEIGHT = 2.0**-64
 
 
-def _uses_gemv(grad, weight):
-    """Whether ``grad`` is reduced through a GEMV row: large float32 ones, and large float16 ones for
-    the inf/nan probe (weight 0; a float16 row could not hold the fingerprint's 2**-64)."""
+# Tensor constants, not Python floats: MindSpore 2.10's specializer intermittently fails ("Fail to get eval
+# result ... muls") when its shared Tensor-times-Python-float graph meets different constants across call sites.
+_ZERO = Tensor(0.0, mstype.float32)
+_FINGERPRINT = Tensor(_FINGERPRINT_WEIGHT, mstype.float32)
+
+
+def _uses_gemv(grad):
+    """Whether ``grad`` is large enough (and float32/float16) to be reduced through a GEMV row."""
     dtype = ops.dtype(grad)
-    wide_enough = dtype == mstype.float32 or (dtype == mstype.float16 and weight == 0)
-    return wide_enough and grad.size >= GEMV_PROBE_MIN_SIZE
+    return (dtype == mstype.float32 or dtype == mstype.float16) and grad.size >= GEMV_PROBE_MIN_SIZE
 
 
-def _gemv_probe(grad, weight):
-    """``full((1, rows), weight) @ grad.reshape(rows, -1)``: one row per large gradient."""
+def _gemv_row(row_values, grad):
+    """``row_values @ grad.reshape(rows, -1)`` for a ``(1, rows)`` row: one pass over a large gradient."""
     matrix = grad.reshape(grad.shape[0], -1) if len(grad.shape) > 1 else grad.reshape(1, -1)
-    return ops.matmul(ops.full((1, matrix.shape[0]), weight, dtype=ops.dtype(grad)), matrix)
+    return ops.matmul(ops.broadcast_to(row_values, (1, matrix.shape[0])), matrix)
 
 
 def exact_float32(values):
@@ -164,18 +170,26 @@ def exact_float32(values):
         return values
     if dtype == mstype.float16 or dtype == mstype.bfloat16:
         return ops.cast(values, mstype.float32)
-    return ops.cast(values * 0, mstype.float32)
+    return ops.cast(values * ops.zeros_like(values), mstype.float32)
 
 
-def _weighted_sum(grad, weight):
-    """``sum(grad * weight)`` as a float32 scalar (weight 0: 0 if finite, else nan).
+def zero_or_nan(values):
+    """A float32 scalar: 0 if every value is finite, nan otherwise (``sum(v * 0)``; exact)."""
+    return ops.reduce_sum(exact_float32(values) * _ZERO)
 
-    A large gradient goes through one GEMV row (``weight`` times its column sums), a small
-    one through ``reduce_sum(v * weight)`` in float32.
-    """
-    if _uses_gemv(grad, weight):
-        return ops.reduce_sum(exact_float32(_gemv_probe(grad, weight)))
-    return ops.reduce_sum(exact_float32(grad.reshape(-1)) * weight)
+
+def _probe(grad):
+    """``zero_or_nan(grad)``, through a zero GEMV row for a large float32/float16 gradient."""
+    if _uses_gemv(grad):
+        return ops.reduce_sum(exact_float32(_gemv_row(ops.cast(_ZERO, ops.dtype(grad)), grad)))
+    return zero_or_nan(grad.reshape(-1))
+
+
+def _weighted(grad):
+    """``sum(grad * 2**-64)`` as a float32 scalar (a float32 GEMV row for a large float32 gradient)."""
+    if ops.dtype(grad) == mstype.float32 and grad.size >= GEMV_PROBE_MIN_SIZE:
+        return ops.reduce_sum(_gemv_row(_FINGERPRINT, grad))
+    return ops.reduce_sum(exact_float32(grad.reshape(-1)) * _FINGERPRINT)
 
 
 _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
@@ -184,13 +198,13 @@ _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
 @_nonfinite_probe.register("Tensor")
 def _tensor_nonfinite_probe(grad):
     """A float32 scalar: 0 if every value of ``grad`` is finite, else nan."""
-    return _weighted_sum(grad, 0.0)
+    return _probe(grad)
 
 
 @_nonfinite_probe.register("RowTensor")
 def _row_tensor_nonfinite_probe(grad):
     # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
-    return ops.reduce_sum(exact_float32(grad.values.reshape(-1)) * 0)
+    return zero_or_nan(grad.values.reshape(-1))
 
 
 @_nonfinite_probe.register("None")
@@ -203,7 +217,7 @@ _fingerprint = ops.MultitypeFuncGraph("_fingerprint")
 
 @_fingerprint.register("Tensor")
 def _tensor_fingerprint(grad):
-    return _weighted_sum(grad, _FINGERPRINT_WEIGHT)
+    return _weighted(grad)
 
 
 @_fingerprint.register("None")
@@ -302,9 +316,33 @@ def nonfinite_per_tensor(hyper_map, grads):
 
 
 # ---- one check object per backend -------------------------------------------------------------
-def _initial_status():
+def initial_status():
     """The 8 x int32 status MindSpore's Ascend ops read and write (a constant elsewhere)."""
     return Tensor([0] * 8, mstype.int32)
+
+
+class _ClearOnBackward(nn.Cell):
+    """Identity whose backward, before anything else, clears the float-status register.
+
+    The front-ends scale the loss inside the user's differentiated function, where a ``depend``
+    on a forward-pass clear does not order the backward pass; the backward of the loss itself
+    is the point between "loss computed" and "gradients computed".
+    """
+
+    def __init__(self, clear_status):
+        super().__init__(auto_prefix=False)
+        self.clear_status = clear_status
+
+    def construct(self, loss):
+        return loss
+
+    def bprop(self, loss, out, dout):
+        cleared = self.clear_status(ops.depend(initial_status(), dout))
+        return (ops.depend(dout, cleared),)
+
+
+def _same(loss):
+    return loss
 
 
 class IsFiniteCheck(nn.Cell):
@@ -323,10 +361,11 @@ class IsFiniteCheck(nn.Cell):
     def __init__(self):
         super().__init__(auto_prefix=False)
         self.hyper_map = ops.HyperMap()
+        self.before_backward = _same
 
     def start(self, pre_cond, compute_input):
         """Nothing to prepare: ``(status, compute_input)`` unchanged."""
-        return _initial_status(), compute_input
+        return initial_status(), compute_input
 
     def flag(self, status, compute_output):
         """0 when every tensor of ``compute_output`` is finite, nan otherwise."""
@@ -347,10 +386,11 @@ class FloatStatusCheck(nn.Cell):
         super().__init__(auto_prefix=False)
         self.hyper_map = ops.HyperMap()
         self.float_status = ops.FloatStatus() if float_status is None else float_status
+        self.before_backward = _same
 
     def start(self, pre_cond, compute_input):
         """Nothing to prepare: ``(status, compute_input)`` unchanged."""
-        return _initial_status(), compute_input
+        return initial_status(), compute_input
 
     def flag(self, status, compute_output):
         """The number of tensors of ``compute_output`` that hold inf/nan (float32)."""
@@ -381,10 +421,11 @@ class AscendSaturationCheck(nn.Cell):
             get_status = get_status or NPUGetFloatStatusV2()
         self.clear_status = clear_status
         self.get_status = get_status
+        self.before_backward = _ClearOnBackward(clear_status)
 
     def start(self, pre_cond, compute_input):
         """Clear the register once ``pre_cond`` exists; make ``compute_input`` wait for the clear."""
-        status = ops.depend(_initial_status(), pre_cond)
+        status = ops.depend(initial_status(), pre_cond)
         cleared = self.clear_status(status)
         return status, ops.depend(compute_input, cleared)
 
@@ -412,10 +453,11 @@ class AllFiniteCheck(nn.Cell):
 
             all_finite = AllFinite()
         self.all_finite = all_finite
+        self.before_backward = _same
 
     def start(self, pre_cond, compute_input):
         """Nothing to prepare: ``(status, compute_input)`` unchanged."""
-        return _initial_status(), compute_input
+        return initial_status(), compute_input
 
     def flag(self, status, compute_output):
         """1.0 when some tensor of ``compute_output`` is not finite, else 0.0."""

@@ -10,8 +10,8 @@ preset anywhere a policy is accepted:
 - the CLI: ``python -m lossscale train --loss-scale preset:jmp``.
 
 Every preset keeps lossscale's finiteness guard (growth never produces inf). For
-Paddle's dygraph ``GradScaler``, Keras 3 and Megatron-LM this deliberately differs
-from the original, whose scale can grow to inf. That is the only deliberate
+Paddle's dygraph ``GradScaler``, Keras 3, Megatron-LM and MindSpore this deliberately
+differs from the original, whose scale can grow to inf. That is the only deliberate
 difference, and :data:`DIFFERENCES` lists it per preset.
 
 Example:
@@ -41,6 +41,9 @@ _PRESETS = {
                           min_scale=1.0),
     # Keras 3 LossScaleOptimizer: x2 after dynamic_growth_steps finite steps, /2 on overflow, no floor.
     "keras": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=0.0),
+    # tf.keras (Keras 2) LossScaleOptimizer, the API lossscale.LossScaleOptimizer follows: the same counting,
+    # /2 floored at 1 (maximum(scale / 2, 1)), growth only to a finite scale (_assign_if_finite).
+    "tf_keras": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=1.0),
     # DeepMind jmp DynamicLossScale: floor at min_loss_scale (1), first_finite guard on growth.
     "jmp": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=1.0),
     # Megatron-LM DynamicGradScaler: hysteresis counted since the last growth, floor at min_scale.
@@ -56,6 +59,7 @@ DIFFERENCES = {
     "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf.",
     "paddle_static": "none (the update_loss_scaling op floors at 1 and refuses a non-finite growth).",
     "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf.",
+    "tf_keras": "none (tf.keras floors the scale at 1 and refuses a non-finite growth).",
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
            "scale; 2**15 is the value of its documentation.",
     "megatron": "Megatron-LM multiplies without a finiteness check; the preset never grows to inf.",

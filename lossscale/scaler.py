@@ -45,14 +45,11 @@ from mindspore.communication.management import GlobalComm
 from mindspore.context import ParallelMode
 
 from lossscale import overflow as _overflow
+from lossscale._parameters import write_parameter
 from lossscale.policy import LossScalePolicy
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
-_promote = ops.MultitypeFuncGraph("_promote")
-
-
-@_promote.register("Tensor", "Tensor")
-def _tensor_promote(scale, output):
+def _promote(scale, output):
     """``output * scale`` with ``output`` promoted to at least float32."""
     dtype = ops.dtype(output)
     if dtype == mstype.float16 or dtype == mstype.bfloat16:
@@ -62,13 +59,34 @@ def _tensor_promote(scale, output):
     return output * scale
 
 
+def _scale_tree(scale, tree, before_backward):
+    """:func:`_promote` on every tensor of a nested tuple/list, keeping tuples and lists (as PyTorch does);
+    each loss first goes through the check's ``before_backward`` (identity but on Ascend saturation mode)."""
+    if isinstance(tree, (tuple, list)):
+        scaled = ()
+        for item in tree:
+            scaled = scaled + (_scale_tree(scale, item, before_backward),)
+        return list(scaled) if isinstance(tree, list) else scaled
+    return _promote(scale, before_backward(tree))
+
+
 _loss_term = ops.MultitypeFuncGraph("_loss_term")
 
 
 @_loss_term.register("Tensor")
 def _tensor_loss_term(loss):
     """0 when ``loss`` is finite, nan otherwise (float32; bfloat16/float64 losses included)."""
-    return ops.reduce_sum(_overflow.exact_float32(loss) * 0)
+    return _overflow.zero_or_nan(loss)
+
+
+def _sum_tree(tree):
+    """The sum of the scalars of a nested tuple/list (unrolled at compile time)."""
+    if isinstance(tree, (tuple, list)):
+        total = Tensor(0.0, mstype.float32)
+        for item in tree:
+            total = total + _sum_tree(item)
+        return total
+    return tree
 
 
 def _is_parallel():
@@ -166,13 +184,11 @@ class LossScaler(nn.Cell):
     def scale(self, outputs, scale=None):
         """Each tensor of ``outputs`` (a Tensor or a nested tuple/list) promoted to >= float32, times S.
 
-        On Ascend saturation mode the float-status register is cleared once ``outputs`` exist,
-        and the result waits for that, so the backward pass that follows is what gets checked.
+        On Ascend saturation mode the float-status register is cleared when the backward pass of
+        the scaled loss begins (after the forward pass), so what gets checked is that backward pass.
         """
         scale = self.scale_value.reshape(()) if scale is None else scale
-        scaled = self.hyper_map(ops.partial(_promote, scale), outputs)
-        _, scaled = self.check.start(outputs, scaled)
-        return scaled
+        return _scale_tree(scale, outputs, self.check.before_backward)
 
     def sens(self, loss, scale=None):
         """The backward seed of ``loss * S``: S cast to ``loss``'s dtype, in ``loss``'s shape."""
@@ -190,12 +206,15 @@ class LossScaler(nn.Cell):
         return self.check.start(pre_cond, compute_input)
 
     def flag(self, status, grads):
-        """This rank's float32 overflow flag for ``grads``: 0 when all are finite."""
+        """This rank's float32 overflow flag for ``grads``: 0 when all are finite. ``status``: the one
+        :meth:`start` returned, or None where the caller has none (the check then makes its own)."""
+        if status is None:
+            status = _overflow.initial_status()
         return self.check.flag(status, grads)
 
     def loss_flag(self, loss):
-        """0 when every value of ``loss`` (a Tensor or nested tuple) is finite, nan otherwise."""
-        return _overflow._total(self.hyper_map(_loss_term, (loss,)))  # pylint: disable=protected-access
+        """0 when every value of ``loss`` (a Tensor or nested tuple/list) is finite, nan otherwise."""
+        return _sum_tree(self.hyper_map(_loss_term, loss))
 
     def is_overflow(self, flag):
         """``flag != 0`` after summing it over all ranks in any parallel mode (one 4-byte all-reduce)."""
@@ -208,6 +227,12 @@ class LossScaler(nn.Cell):
         if self.update_cell is None:
             return overflow
         return self.update_cell(self.scale_value, overflow)
+
+    def dynamic_flag(self):
+        """Graph: whether the scale is currently dynamic (a Parameter with a mutable rule, else a constant)."""
+        if getattr(self.update_cell, "_switchable", False):
+            return self.update_cell._dynamic  # pylint: disable=protected-access
+        return Tensor(self.dynamic, mstype.bool_)
 
     def assign_scale(self, value):
         """Graph-mode write of a new scale (``GradScaler.update(new_scale)``); returns the assign."""
@@ -235,7 +260,7 @@ class LossScaler(nn.Cell):
     def set_scale(self, value):
         """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""
         scale = positive_scale("scale", value)
-        self.scale_value.set_data(Tensor(np.full(self.scale_value.shape, scale, np.float32)))
+        write_parameter(self.scale_value, scale)
 
     def set_rule(self, policy=None, state=None, dynamic=None):
         """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic."""

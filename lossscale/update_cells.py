@@ -12,6 +12,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from lossscale._parameters import write_parameter
 from lossscale._validation import check_finite_in_range
 from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
                               policy_from_mindspore_arguments)
@@ -66,7 +67,7 @@ class _UpdateCellBase(nn.Cell):
         self._initial_scale = float(np.float32(value))
         parameter = self._binding.parameter
         if parameter is not None:
-            parameter.set_data(Tensor(np.full(parameter.shape, value, np.float32)))
+            write_parameter(parameter, np.float32(value))
 
 
 class FixedLossScaleUpdateCell(_UpdateCellBase):
@@ -203,7 +204,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """Turn the update on or off (a cell whose rule is held in Parameters only)."""
         if not self._switchable:
             raise RuntimeError("set_dynamic() needs hold_rule_in_parameters() first.")
-        self._dynamic.set_data(Tensor(bool(dynamic), mstype.bool_))
+        write_parameter(self._dynamic, bool(dynamic))
 
     def set_policy(self, policy, state=None):
         """Switch to ``policy`` (same structural flags) keeping, or replacing with ``state``, the state.
@@ -224,13 +225,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         check_state(policy, state)
         self.policy = policy
         self.scale_factor, self.scale_window = policy.growth_factor, policy.growth_interval
-        for name, value, dtype in (("_growth_factor", policy.growth_factor, mstype.float32),
-                                   ("_backoff_factor", policy.backoff_factor, mstype.float32),
-                                   ("_min_scale", policy.min_scale, mstype.float32),
-                                   ("_max_scale", policy.ceiling, mstype.float32),
-                                   ("_window", policy.growth_interval, mstype.int32),
-                                   ("_full_hysteresis", policy.hysteresis, mstype.int32)):
-            getattr(self, name).set_data(Tensor(value, dtype))
+        for name, value in (("_growth_factor", policy.growth_factor), ("_backoff_factor", policy.backoff_factor),
+                            ("_min_scale", policy.min_scale), ("_max_scale", policy.ceiling),
+                            ("_window", policy.growth_interval), ("_full_hysteresis", policy.hysteresis)):
+            write_parameter(getattr(self, name), value)
         self.set_state(state)
 
     @classmethod
@@ -255,8 +253,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """Write a :class:`lossscale.policy.LossScaleState` into the Parameters (host to device)."""
         check_state(self.policy, state)
         self._set_loss_scale(state.scale)
-        self.good_steps.set_data(Tensor(state.good_steps, mstype.int32))
-        self.hysteresis_left.set_data(Tensor(state.hysteresis_left, mstype.int32))
+        write_parameter(self.good_steps, state.good_steps)
+        write_parameter(self.hysteresis_left, state.hysteresis_left)
 
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (syncs the host)."""

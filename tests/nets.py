@@ -39,6 +39,16 @@ def training_state(cell):
     return {name: value for name, value in snapshot(cell).items() if not is_loss_scale_state(name)}
 
 
+def own_names(optimizer, prefix):
+    """Prefix an optimizer's own Parameters (learning_rate, global_step, moments): several optimizers in one
+    graph need unique names in MindSpore, whatever the loss scaling."""
+    weights = {id(p) for p in optimizer.parameters}
+    for parameter in optimizer.get_parameters():
+        if id(parameter) not in weights:
+            parameter.name = f"{prefix}.{parameter.name}"
+    return optimizer
+
+
 class Fp16SquareLoss(nn.Cell):
     """``loss = mean((x * w)^2)`` entirely in float16; overflows for |x| >= 256 when w = 1."""
 
@@ -85,5 +95,5 @@ class GradCapture(nn.Optimizer):
         return self.hyper_map(ops.assign, self.captured, grads)
 
 
-__all__ = ["regression_net", "regression_batches", "snapshot", "is_loss_scale_state", "training_state", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
+__all__ = ["own_names", "regression_net", "regression_batches", "snapshot", "is_loss_scale_state", "training_state", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
            "GradCapture"]

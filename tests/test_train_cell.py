@@ -192,8 +192,9 @@ def test_tensor_scale_sense_and_set_sense_scale():
 
 @pytest.mark.parametrize("scale_sense, error, pattern", [
     (Tensor(np.ones((2,), np.float32)), ValueError, r"shape \(\) or \(1,\)"),
-    (Tensor(np.float32(0.0)), ValueError, "finite and > 0"),
-    (Tensor(np.float32(np.nan)), ValueError, "finite and > 0"),
+    (Tensor(np.float32(0.0)), ValueError, "finite float32 number > 0"),
+    (Tensor(np.float32(np.nan)), ValueError, "finite float32 number > 0"),
+    (Tensor(np.float32(1e-45)), ValueError, "reciprocal is finite"),
     (3.0, TypeError, "'scale_sense'"),
     (nn.ReLU(), TypeError, "get_loss_scale"),
 ])

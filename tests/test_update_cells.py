@@ -18,7 +18,8 @@ FIXED_POLICIES = {
                         consecutive_hysteresis=True),
     "bounded": dict(loss_scale_value=64.0, scale_factor=2, scale_window=1, min_loss_scale=8.0, max_loss_scale=512.0),
     "near_float32_max": dict(loss_scale_value=2.0**125, scale_factor=2, scale_window=1),
-    "no_floor": dict(loss_scale_value=2.0**-140, scale_factor=2, scale_window=5, min_loss_scale=0.0,
+    # the smallest valid start (2**-126: its reciprocal is finite); backoffs then reach subnormals and 0
+    "no_floor": dict(loss_scale_value=2.0**-126, scale_factor=2, scale_window=5, min_loss_scale=0.0,
                      backoff_factor=0.25),
 }
 _SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

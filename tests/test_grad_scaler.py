@@ -1,0 +1,942 @@
+"""GradScaler: Paddle's and PyTorch's front-ends, held to their frameworks' own tests.
+
+Structure after PyTorch's ``test_grad_scaling_*`` (``_run_scaling_case``: a control run without
+scaling that skips the iteration where the scaled run gets an inf, compared parameter by
+parameter, with the scale checked against growth**unskipped * backoff**skipped) and Paddle's
+GradScaler tests (defaults, getters/setters, state_dict), each eager and under mindspore.jit. Then a
+regression test per defect of the 0.1.0 front-end.
+"""
+import inspect
+import pickle
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+from backend_standins import SaturatingNet, StatusRegister
+from lossscale import GradScaler, LossScaleOptimizer, TorchGradScaler, TrainOneStepWithLossScaleCell, get_preset
+from lossscale.overflow import AscendSaturationCheck
+from lossscale.policy import run
+from nets import GradCapture, own_names, regression_batches, regression_net, training_state
+
+T, F = True, False
+SKIP_ITER = 2
+
+
+def _grad_fn(scaler, net, optimizer):
+    def forward(x, y):
+        return scaler.scale(net(x, y))
+
+    return ms.value_and_grad(forward, None, optimizer.parameters)
+
+
+def _poison(grads, flag):
+    """The third gradient (the second layer's weight) replaced by inf where ``flag`` (PyTorch's fill_(inf))."""
+    bad = ops.select(flag, ops.full_like(grads[2], np.inf), grads[2])
+    return grads[:2] + (bad,) + grads[3:]
+
+
+def _batches(count=4):
+    return [tuple(Tensor(a) for a in batch) for batch in regression_batches(count)]
+
+
+def _read(outputs):
+    """Read a compiled call's outputs on the host: MindSpore reports a runtime raise of an asynchronously
+    running graph at the next host read, and the refusal must surface here, not in a later test."""
+    for value in outputs if isinstance(outputs, (tuple, list)) else (outputs,):
+        if isinstance(value, Tensor):
+            value.asnumpy()
+        elif isinstance(value, (tuple, list)):
+            _read(value)
+        elif isinstance(value, GradScaler):
+            value.get_scale()
+    return outputs
+
+
+def _same_training_state(a, b, rtol=1e-5, atol=1e-7):
+    for name, value in training_state(a).items():
+        np.testing.assert_allclose(training_state(b)[name], value, rtol=rtol, atol=atol, err_msg=name)
+
+
+# ---- PyTorch's _run_scaling_case ----------------------------------------------------------------------
+
+def _basic(scaler, net, opt):
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def step(x, y, poison):
+        _, grads = grad_fn(x, y)
+        scaler.step(opt, _poison(grads, poison))
+        scaler.update()
+        return grads[0]
+
+    return step
+
+
+def _clipping_separate_unscale(scaler, net, opt):
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def step(x, y, poison):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale_(_poison(grads, poison))
+        grads = ops.clip_by_global_norm(grads, 0.2)
+        scaler.step(opt, grads)
+        scaler.update()
+        return grads[0]
+
+    return step
+
+
+def _control(net, opt, clip=None):
+    grad_fn = ms.value_and_grad(net, None, opt.parameters)
+
+    def step(x, y, skip):
+        _, grads = grad_fn(x, y)
+        if clip is not None:
+            grads = ops.clip_by_global_norm(grads, clip)
+        if not skip:
+            opt(grads)
+        return grads[0]
+
+    return step
+
+
+SCALING_CASES = {"basic": (_basic, None), "clipping_separate_unscale": (_clipping_separate_unscale, 0.2)}
+
+
+def _run_scaling_case(case, enabled, compiled, optimizer=nn.SGD):
+    build, clip = SCALING_CASES[case]
+    control_net, scaled_net = regression_net(), regression_net()
+    control_opt = optimizer(control_net.trainable_params(), learning_rate=0.05)
+    scaled_opt = optimizer(scaled_net.trainable_params(), learning_rate=0.05)
+    # PyTorch's: a modest initial scale and growth every iteration, so growth errors are magnified.
+    scaler = GradScaler("cuda", init_scale=128.0, growth_factor=2.0, enabled=enabled, growth_interval=1)
+    control, scaled = _control(control_net, control_opt, clip), build(scaler, scaled_net, scaled_opt)
+    if compiled:
+        control, scaled = ms.jit(control), ms.jit(scaled)
+    for i, (x, y) in enumerate(_batches()):
+        control(x, y, Tensor(enabled and i == SKIP_ITER))
+        scaled(x, y, Tensor(enabled and i == SKIP_ITER))
+    return scaler, control_net, scaled_net
+
+
+@pytest.mark.parametrize("case", sorted(SCALING_CASES))
+@pytest.mark.parametrize("enabled, compiled", [(T, F), (T, T), (F, F)], ids=["eager", "jit", "disabled"])
+def test_run_scaling_case(case, enabled, compiled):
+    scaler, control, scaled = _run_scaling_case(case, enabled, compiled)
+    assert scaler.get_scale() == (128.0 * 2.0**3 * 0.5 if enabled else 1.0)  # 3 unskipped, 1 skipped
+    _same_training_state(control, scaled)
+
+
+def test_run_scaling_case_with_adam_moments():
+    _, control, scaled = _run_scaling_case("basic", True, True, optimizer=nn.Adam)
+    _same_training_state(control, scaled)  # Adam's moments and step untouched on the skipped iteration
+
+
+def test_accumulation_over_two_micro_batches():
+    """PyTorch's test_grad_scaling_accumulation: scale each micro-loss, step and update once per window."""
+    control_net, net = regression_net(), regression_net()
+    control_opt, opt = nn.SGD(control_net.trainable_params(), 0.05), nn.SGD(net.trainable_params(), 0.05)
+    scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
+    control_fn = ms.value_and_grad(control_net, None, control_opt.parameters)
+    scaled_fn = _grad_fn(scaler, net, opt)
+    batches = _batches(4)
+    for window in (batches[:2], batches[2:]):
+        total = total_control = None
+        for x, y in window:
+            _, grads = scaled_fn(x, y)
+            _, grads_control = control_fn(x, y)
+            total = grads if total is None else tuple(a + b for a, b in zip(total, grads))
+            total_control = grads_control if total_control is None else tuple(
+                a + b for a, b in zip(total_control, grads_control))
+        scaler.step(opt, tuple(g / 2 for g in total))
+        scaler.update()
+        control_opt(tuple(g / 2 for g in total_control))
+    assert scaler.get_scale() == 512.0
+    _same_training_state(control_net, net)
+
+
+def test_multiple_models_optimizers_and_losses():
+    """PyTorch's test_grad_scaling_multiple: two models, two optimizers, two losses from both outputs; one
+    optimizer unscaled separately; inf in model 1's gradient skips optimizer 1 only and backs off once."""
+    nets, controls = [nn.Dense(6, 3), nn.Dense(6, 3)], [nn.Dense(6, 3), nn.Dense(6, 3)]
+    for index, (net, control) in enumerate(zip(nets, controls)):
+        for p, c in zip(net.trainable_params(), control.trainable_params()):
+            p.name, c.name = f"scaled{index}.{p.name}", f"control{index}.{c.name}"  # one graph: unique names
+            p.set_data(Tensor(np.random.RandomState(index).randn(*p.shape).astype(np.float32) * 0.3))
+            c.set_data(p.data.copy())
+    mse = nn.MSELoss()
+
+    def losses(m0, m1, x, y):
+        out0, out1 = m0(x), m1(x)
+        return mse(0.3 * out0 + 0.7 * out1, y), mse(0.6 * out0 - 0.4 * out1, y)
+
+    scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
+    opts = [own_names(nn.SGD(n.trainable_params(), 0.05), f"opt{i}") for i, n in enumerate(nets)]
+    control_opts = [nn.SGD(c.trainable_params(), 0.05) for c in controls]
+    params = opts[0].parameters + opts[1].parameters
+    control_params = control_opts[0].parameters + control_opts[1].parameters
+
+    def scaled_total(x, y):
+        loss0, loss1 = losses(nets[0], nets[1], x, y)
+        return scaler.scale(loss0) + scaler.scale(loss1)
+
+    def control_total(x, y):
+        loss0, loss1 = losses(controls[0], controls[1], x, y)
+        return loss0 + loss1
+
+    scaled_fn = ms.value_and_grad(scaled_total, None, params)
+    control_fn = ms.value_and_grad(control_total, None, control_params)
+
+    @ms.jit
+    def step(x, y, poison):
+        _, grads = scaled_fn(x, y)
+        grads0, grads1 = grads[:2], grads[2:]
+        grads1 = (ops.select(poison, ops.full_like(grads1[0], np.inf), grads1[0]), grads1[1])
+        grads0 = scaler.unscale_(grads0, key=0)       # as an additional stress test
+        skipped0 = scaler.step(opts[0], grads0, key=0)
+        skipped1 = scaler.step(opts[1], grads1, key=1)
+        scaler.update()
+        return skipped0, skipped1
+
+    for i, (x, y) in enumerate(_batches()):
+        skipped = step(x, y, Tensor(i == SKIP_ITER))
+        assert [bool(s.asnumpy()) for s in skipped] == [False, i == SKIP_ITER]
+        _, grads = control_fn(x, y)
+        control_opts[0](grads[:2])
+        if i != SKIP_ITER:
+            control_opts[1](grads[2:])
+    assert scaler.get_scale() == 128.0 * 2.0**3 * 0.5
+    for control, net in zip(controls, nets):
+        for c, p in zip(control.trainable_params(), net.trainable_params()):
+            np.testing.assert_allclose(p.asnumpy(), c.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=p.name)
+
+
+def test_gradient_penalty():
+    """PyTorch's test_grad_scaling_penalty: a penalty on the (unscaled) gradient norm, computed from the
+    scaled loss's gradients, gives the same training as without scaling."""
+    batches = _batches()
+
+    def penalised(net, scaler=None):
+        opt = nn.SGD(net.trainable_params(), 0.05)
+        params = opt.parameters
+
+        def loss_fn(x, y):
+            return net(x, y) if scaler is None else scaler.scale(net(x, y))
+
+        inner = ms.grad(loss_fn, None, params)
+
+        def total(x, y):
+            grads = inner(x, y)
+            if scaler is not None:
+                grads = scaler._core.unscale(grads)   # PyTorch: grads * (1 / get_scale())
+            norm = ops.sqrt(sum(ops.reduce_sum(g * g) for g in grads))
+            loss = net(x, y) + norm
+            return loss if scaler is None else scaler.scale(loss)
+
+        return opt, ms.value_and_grad(total, None, params)
+
+    control_net, scaled_net = regression_net(), regression_net()
+    control_opt, control_fn = penalised(control_net)
+    scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
+    opt, scaled_fn = penalised(scaled_net, scaler)
+    for i, (x, y) in enumerate(batches):
+        _, grads = control_fn(x, y)
+        if i != SKIP_ITER:
+            control_opt(grads)
+        _, grads = scaled_fn(x, y)
+        scaler.step(opt, _poison(grads, Tensor(i == SKIP_ITER)))
+        scaler.update()
+    assert scaler.get_scale() == 128.0 * 2.0**3 * 0.5
+    _same_training_state(control_net, scaled_net, rtol=1e-4, atol=1e-6)
+
+
+def test_scale_will_not_overflow():
+    """PyTorch's test_grad_scale_will_not_overflow: init 1e38, growth 16 every step: the scale stays finite."""
+    scaler = GradScaler("cuda", growth_interval=1, growth_factor=2.0**4, init_scale=1e38)
+    net = regression_net()
+    opt = nn.Adam(net.trainable_params())
+    for x, y in _batches(2):
+        _, grads = _grad_fn(scaler, net, opt)(x, y)
+        scaler.step(opt, grads)
+        scaler.update()
+    assert np.isfinite(scaler.get_scale())
+
+
+def test_scale_nested_outputs():
+    """PyTorch's test_grad_scaling_scale: a tensor, and tuples/lists of them nested, all scaled."""
+    scaler = GradScaler("cuda", init_scale=2.0)
+    t0, t1 = Tensor(np.float32(4.0)), Tensor(np.float16(3.0))
+    outputs = scaler.scale((t1, (t1, t0), [t0, (t1,)]))
+    flat = [outputs[0], outputs[1][0], outputs[1][1], outputs[2][0], outputs[2][1][0]]
+    assert [float(o.asnumpy()) for o in flat] == [6.0, 6.0, 8.0, 8.0, 6.0]
+    assert all(o.dtype == ms.float32 for o in flat) and isinstance(outputs[2], list)
+
+
+# ---- spelling, defaults, signatures -------------------------------------------------------------------
+
+SPELLINGS = [
+    ((), {}, GradScaler, 32768.0, 2),
+    ((), {"init_loss_scaling": 1024}, GradScaler, 1024.0, 2),
+    ((True, 64.0), {}, GradScaler, 64.0, 2),
+    (("cuda",), {}, TorchGradScaler, 65536.0, 1),
+    (("cpu", 8.0), {}, TorchGradScaler, 8.0, 1),
+    ((), {"init_scale": 256.0}, TorchGradScaler, 256.0, 1),
+    ((), {"growth_interval": 10}, TorchGradScaler, 65536.0, 1),
+    ((), {"enabled": True}, TorchGradScaler, 65536.0, 1),
+]
+
+
+@pytest.mark.parametrize("args, kwargs, cls, scale, bad_steps_per_backoff", SPELLINGS)
+def test_each_spelling_gets_its_framework(args, kwargs, cls, scale, bad_steps_per_backoff):
+    scaler = GradScaler(*args, **kwargs)
+    assert type(scaler) is cls and isinstance(scaler, GradScaler)
+    assert scaler.get_scale() == scale and scaler.get_decr_every_n_nan_or_inf() == bad_steps_per_backoff
+
+
+def test_defaults_are_the_frameworks():
+    paddle, torch = GradScaler(), GradScaler("cuda")
+    assert (paddle.get_init_loss_scaling(), paddle.get_incr_ratio(), paddle.get_decr_ratio(),
+            paddle.get_incr_every_n_steps(), paddle.get_decr_every_n_nan_or_inf(),
+            paddle.is_use_dynamic_loss_scaling(), paddle.is_enable()) == (32768.0, 2.0, 0.5, 1000, 2, True, True)
+    assert (torch.get_scale(), torch.get_growth_factor(), torch.get_backoff_factor(), torch.get_growth_interval(),
+            torch.is_enabled()) == (65536.0, 2.0, 0.5, 2000, True)
+    # the rules: PyTorch backs off on every overflow and has no floor; Paddle after 2 consecutive ones
+    assert torch._policy == get_preset("pytorch") and paddle._policy == get_preset("paddle")
+
+
+def test_signatures_show_real_defaults():
+    for cls, expected in ((GradScaler, {"enable": True, "init_loss_scaling": 32768.0, "incr_every_n_steps": 1000}),
+                          (TorchGradScaler, {"device": "cuda", "init_scale": 65536.0, "growth_interval": 2000})):
+        signature = inspect.signature(cls)
+        assert "object at" not in str(signature)
+        assert {name: signature.parameters[name].default for name in expected} == expected
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"enable": True, "enabled": True}, {"init_loss_scaling": 8.0, "init_scale": 8.0},
+    {"incr_ratio": 3.0, "growth_interval": 5}, {"enable": False, "device": "cuda"},
+])
+def test_mixing_spellings_is_refused(kwargs):
+    with pytest.raises(ValueError, match="PyTorch's spelling .* and Paddle's"):
+        GradScaler(**kwargs)
+
+
+# every public argument with bad values: (constructor kwargs, error, pattern); range errors of the ratios
+# are also AssertionErrors, as PyTorch's and Paddle's asserts are
+BAD_ARGUMENTS = [
+    ({"enable": "yes"}, TypeError, "'enable' must be a bool"),
+    ({"enable": 1}, TypeError, "'enable' must be a bool"),
+    ({"use_dynamic_loss_scaling": None}, TypeError, "'use_dynamic_loss_scaling'"),
+    ({"init_loss_scaling": 0.0}, ValueError, "'init_loss_scaling'.*0.0"),
+    ({"init_loss_scaling": -1.0}, ValueError, "'init_loss_scaling'.*-1.0"),
+    ({"init_loss_scaling": float("nan")}, ValueError, "'init_loss_scaling'.*nan"),
+    ({"init_loss_scaling": float("inf")}, ValueError, "'init_loss_scaling'.*inf"),
+    ({"init_loss_scaling": "1024"}, TypeError, "'init_loss_scaling'.*str"),
+    ({"init_loss_scaling": True}, TypeError, "'init_loss_scaling'.*bool"),
+    ({"incr_ratio": 1.0}, AssertionError, "'incr_ratio'.*1.0"),
+    ({"incr_ratio": 0.5}, ValueError, "'incr_ratio'.*0.5"),
+    ({"incr_ratio": float("inf")}, ValueError, "'incr_ratio'.*inf"),
+    ({"decr_ratio": 1.0}, AssertionError, "'decr_ratio'.*1.0"),
+    ({"decr_ratio": 0.0}, ValueError, "'decr_ratio'.*0.0"),
+    ({"decr_ratio": 1e-50}, ValueError, "'decr_ratio'"),
+    ({"incr_every_n_steps": 0}, ValueError, "'incr_every_n_steps'.*0"),
+    ({"incr_every_n_steps": 2.5}, TypeError, "'incr_every_n_steps'.*float"),
+    ({"incr_every_n_steps": True}, TypeError, "'incr_every_n_steps'.*bool"),
+    ({"decr_every_n_nan_or_inf": 0}, ValueError, "'decr_every_n_nan_or_inf'.*0"),
+    ({"policy": "tensorflow"}, ValueError, "'preset'.*'tensorflow'"),
+    ({"policy": 3}, TypeError, "'policy'"),
+    ({"policy": "pytorch", "incr_ratio": 3.0}, ValueError, "either 'policy' or the rule arguments"),
+    ({"name": ""}, ValueError, "'name'"),
+    ({"name": "a b"}, ValueError, "'name'"),
+    ({"overflow_check": "tpu"}, ValueError, "'overflow_check'"),
+    ({"device": 0}, TypeError, "'device' must be a str"),
+    ({"init_scale": -2.0}, ValueError, "'init_scale'.*-2.0"),
+    ({"growth_factor": 0.9}, AssertionError, "'growth_factor'.*0.9"),
+    ({"backoff_factor": 1.5}, AssertionError, "'backoff_factor'.*1.5"),
+    ({"growth_interval": -1}, ValueError, "'growth_interval'.*-1"),
+    ({"enabled": "no"}, TypeError, "'enabled' must be a bool"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", BAD_ARGUMENTS, ids=[str(c[0]) for c in BAD_ARGUMENTS])
+def test_bad_arguments_are_refused(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        GradScaler(**kwargs)
+
+
+def test_policy_argument_accepts_presets():
+    scaler = GradScaler(policy="pytorch")
+    assert scaler.get_scale() == 65536.0 and scaler._policy == get_preset("pytorch")
+    assert type(GradScaler.from_preset("pytorch")) is TorchGradScaler
+    assert GradScaler.from_preset("megatron").get_decr_every_n_nan_or_inf() == 2
+
+
+# ---- the rule: trajectories and skips, eager and compiled --------------------------------------------------
+
+def paddle_rule(flags, scale, incr_n, decr_n):
+    """Paddle's dygraph AmpScaler._update, written from its source."""
+    scale, incr, decr, out = np.float32(scale), 0, 0, []
+    for found_inf in flags:
+        if found_inf:
+            incr, decr = 0, decr + 1
+            if decr == decr_n:
+                scale, decr = np.float32(scale * np.float32(0.5)), 0
+        else:
+            decr, incr = 0, incr + 1
+            if incr == incr_n:
+                scale, incr = np.float32(scale * np.float32(2.0)), 0
+        out.append(float(scale))
+    return out
+
+
+TRAJECTORY_CASES = [  # (constructor, expected scale trajectory for the flags)
+    (lambda: GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2),
+     lambda flags: paddle_rule(flags, 2.0**10, 2, 2)),
+    (lambda: GradScaler("cuda", init_scale=2.0**10, growth_interval=2),
+     lambda flags: [s.scale for s in run(get_preset("pytorch", init_scale=2.0**10, growth_interval=2), flags)]),
+]
+FLAGS = [F, T, F, T, T, T, F, F, F]
+
+
+@pytest.mark.parametrize("case", range(len(TRAJECTORY_CASES)), ids=["paddle", "pytorch"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_trajectory_and_skips_follow_the_rule(case, compiled):
+    make, expected = TRAJECTORY_CASES[case]
+    scaler = make()
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def train_step(x, y):
+        _, grads = grad_fn(x, y)
+        return scaler.minimize(opt, grads)
+
+    train_step = ms.jit(train_step) if compiled else train_step
+    scales = []
+    for flag, (x, y) in zip(FLAGS, regression_batches(len(FLAGS))):
+        if flag:
+            x = x.copy()
+            x[0, 0] = np.inf
+        before = training_state(net)
+        assert bool(train_step(Tensor(x), Tensor(y)).asnumpy()) == flag
+        assert all(np.array_equal(before[k], v) for k, v in training_state(net).items()) == flag
+        scales.append(scaler.get_scale())
+    assert scales == expected(FLAGS)
+
+
+def test_eager_and_compiled_give_identical_training():
+    results = []
+    for compiled in (False, True):
+        scaler = GradScaler("cuda", init_scale=2.0**12, growth_interval=2)
+        net = regression_net()
+        opt = nn.Adam(net.trainable_params(), 0.01)
+        step = _clipping_separate_unscale(scaler, net, opt)
+        step = ms.jit(step) if compiled else step
+        for i, (x, y) in enumerate(_batches(5)):
+            step(x, y, Tensor(i == 3))
+        results.append((scaler.state_dict(), training_state(net)))
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
+
+
+def test_paddle_fixed_scale_skips_and_needs_no_update():
+    scaler = GradScaler(init_loss_scaling=64.0, use_dynamic_loss_scaling=False)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+    x, y = regression_batches(1)[0]
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    for inputs, expected in ((bad, True), (x, False), (bad, True), (x, False)):  # step() without update()
+        _, grads = grad_fn(Tensor(inputs), Tensor(y))
+        assert bool(scaler.step(opt, grads).asnumpy()) == expected
+    scaler.update()  # does nothing to a fixed scale
+    assert scaler.get_scale() == 64.0 and not scaler.is_use_dynamic_loss_scaling()
+
+
+def test_non_finite_loss_skips_the_step_and_backs_off():
+    scaler = GradScaler("cuda", init_scale=64.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+
+    def forward(x, y, offset):
+        return scaler.scale(net(x, y) + offset)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    before = training_state(net)
+    _, grads = grad_fn(x, y, Tensor(np.float32(np.inf)))  # the gradients are finite, the loss is not
+    assert bool(scaler.step(opt, grads).asnumpy())
+    scaler.update()
+    assert scaler.get_scale() == 32.0 and all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+
+
+# ---- regression tests of the 0.1.0 front-end ---------------------------------------------------------------
+
+def test_recompiling_and_other_compiled_functions_never_raise():
+    """0.1.0 raised 'unscale_() after step()' on any recompilation (its tracker keyed compilations by a
+    MindSpore frame id): a last batch of another size, a second jit function, a compile after a failed one."""
+    scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=1000)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    step = ms.jit(_clipping_separate_unscale(scaler, net, opt))
+    for batch in (4, 4, 3, 4, 2):  # new shapes recompile
+        x, y = [Tensor(a) for a in regression_batches(1, batch=batch)[0]]
+        step(x, y, Tensor(False))
+
+    @ms.jit
+    def evaluate(x, y):
+        return scaler.scale(net(x, y))
+
+    evaluate(x, y)
+
+    @ms.jit
+    def broken(x, y):
+        return scaler.scale(net(x, y)) + "a string"
+
+    with pytest.raises(Exception):
+        broken(x, y)
+    step(x, y, Tensor(False))
+    assert scaler.state_dict()["_growth_tracker"] == 6 and scaler.get_scale() == 1024.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("clamp", ["clip_by_value", "nan_to_num"])
+def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compiled, clamp):
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def train_step(x, y):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale_(grads)
+        if clamp == "clip_by_value":
+            grads = tuple(ops.clip_by_value(g, -1.0, 1.0) for g in grads)
+        else:
+            grads = tuple(ops.nan_to_num(g, 0.0, 1.0, -1.0) for g in grads)
+        skipped = scaler.step(opt, grads)
+        scaler.update()
+        return skipped
+
+    train_step = ms.jit(train_step) if compiled else train_step
+    x, y = regression_batches(1)[0]
+    x = x.copy()
+    x[0, 0] = np.inf
+    before = training_state(net)
+    assert bool(train_step(Tensor(x), Tensor(y)).asnumpy())
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert scaler.get_scale() == 512.0  # backed off once
+
+
+def _misuse_cases(scaler, opt, grad_fn):
+    def dropped_returned_gradients(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.unscale_(grads)
+        scaler.step(opt, grads)  # PyTorch habit: the S-times gradients
+        return scaler.update()
+
+    def mismatched_keys(x, y):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale_(grads, key=0)
+        scaler.step(opt, grads, key=1)  # would divide a second time
+        return scaler.update()
+
+    def unscale_twice(x, y):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale_(grads)
+        return scaler.unscale_(grads)
+
+    def step_twice(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.step(opt, grads)
+        return scaler.step(opt, grads)
+
+    def unscale_after_step(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.step(opt, grads)
+        return scaler.unscale_(grads)
+
+    return {"dropped_returned_gradients": (dropped_returned_gradients, "scaled gradients that unscale_"),
+            "mismatched_keys": (mismatched_keys, "shaped like the ones unscale_"),
+            "unscale_twice": (unscale_twice, r"unscale_\(\) has already been called"),
+            "step_twice": (step_twice, r"step\(\) has already been called since the last update"),
+            "unscale_after_step": (unscale_after_step, r"unscale_\(\) is being called after step")}
+
+
+MISUSES = ["dropped_returned_gradients", "mismatched_keys", "unscale_twice", "step_twice", "unscale_after_step"]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("misuse", MISUSES)
+def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    function, pattern = _misuse_cases(scaler, opt, _grad_fn(scaler, net, opt))[misuse]
+    function = ms.jit(function) if compiled else function
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    before = training_state(net)
+    with pytest.raises(RuntimeError, match=pattern):
+        _read(function(x, y))
+    applied = not all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
+    assert scaler.get_scale() == 1024.0
+
+
+def test_correct_use_right_after_a_refused_one():
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+    function, _ = _misuse_cases(scaler, opt, grad_fn)["dropped_returned_gradients"]
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    with pytest.raises(RuntimeError):
+        _read(ms.jit(function)(x, y))
+    scaler.update()  # end the broken iteration
+    step = ms.jit(_clipping_separate_unscale(scaler, net, opt))
+    step(x, y, Tensor(False))
+    assert scaler.state_dict()["_growth_tracker"] == 2  # update() ended the refused (clean) iteration too
+
+
+def test_optimizer_with_its_own_loss_scale_is_refused():
+    scaler = GradScaler("cuda")
+    net = regression_net()
+    opt = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=1024.0)
+    _, grads = _grad_fn(scaler, net, opt)(*[Tensor(a) for a in regression_batches(1)[0]])
+    before = training_state(net)
+    with pytest.raises(ValueError, match="'optimizer.loss_scale' is 1024.0"):
+        scaler.step(opt, grads)
+    with pytest.raises(ValueError, match="'optimizer.loss_scale'"):
+        LossScaleOptimizer(nn.Momentum(regression_net().trainable_params(), 0.05, 0.9, loss_scale=8.0))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+
+
+@pytest.mark.parametrize("change, flags, expected", [
+    (lambda s: s.set_growth_interval(1), [F, F], [4096.0, 8192.0]),
+    (lambda s: s.set_backoff_factor(0.25), [T, F], [512.0, 512.0]),
+    (lambda s: s.set_growth_factor(4.0), [F, F, F], [2048.0, 8192.0, 8192.0]),
+    (lambda s: s.set_init_loss_scaling(64.0), [F], [64.0]),
+    (lambda s: s.load_state_dict({"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2,
+                                  "_growth_tracker": 1}), [F, F], [64.0, 64.0]),
+], ids=["set_growth_interval", "set_backoff_factor", "set_growth_factor", "set_init_loss_scaling",
+        "load_state_dict"])
+def test_settings_reach_a_step_compiled_before_them(change, flags, expected):
+    scaler = GradScaler("cuda", init_scale=2048.0, growth_interval=3)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    step = ms.jit(_basic(scaler, net, opt))
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    step(x, y, Tensor(False))  # compiled with the old rule; growth tracker now 1
+    change(scaler)
+    scales = []
+    for flag in flags:
+        step(x, y, Tensor(flag))
+        scales.append(scaler.get_scale())
+    assert scales == expected
+    assert scaler.state_dict()["scale"] == expected[-1]  # what the device holds
+
+
+def test_switching_fixed_and_dynamic_reaches_a_compiled_step():
+    scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=1)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    step = ms.jit(_basic(scaler, net, opt))
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    step(x, y, Tensor(False))
+    assert scaler.get_scale() == 512.0
+    state = dict(scaler.state_dict(), use_dynamic_loss_scaling=False)
+    scaler.load_state_dict(state)
+    step(x, y, Tensor(False))
+    step(x, y, Tensor(True))
+    assert scaler.get_scale() == 512.0 and not scaler.is_use_dynamic_loss_scaling()
+    scaler.load_state_dict(dict(state, use_dynamic_loss_scaling=True))
+    step(x, y, Tensor(False))
+    assert scaler.get_scale() == 1024.0
+
+
+def test_two_scalers_an_optimizer_wrapper_and_a_train_cell_in_one_graph():
+    """A GAN-like graph: 0.1.0 named every scaler's Parameters alike, so two could not share a graph."""
+    nets = [regression_net(seed=s) for s in range(4)]
+    opts = [own_names(nn.SGD(n.trainable_params(), 0.05), f"opt{i}") for i, n in enumerate(nets)]
+    scalers = [GradScaler("cuda", init_scale=64.0), GradScaler(init_loss_scaling=32.0)]
+    wrapper = LossScaleOptimizer(opts[2], initial_scale=16.0)
+    cell = TrainOneStepWithLossScaleCell(nets[3], opts[3], Tensor(np.float32(8.0)))
+
+    class Holder(nn.Cell):  # nets as attributes of one Cell: MindSpore prefixes their Parameter names
+        def __init__(self):
+            super().__init__()
+            self.n0, self.n1, self.n2, self.cell = nets[0], nets[1], nets[2], cell
+
+    holder = Holder()
+    grad_fns = [_grad_fn(s, n, o) for s, n, o in zip(scalers, nets, opts)]
+
+    def wrapped_loss(x, y):
+        return wrapper.get_scaled_loss(holder.n2(x, y))
+
+    wrapper_fn = ms.value_and_grad(wrapped_loss, None, wrapper.parameters)
+
+    @ms.jit
+    def step(x, y):
+        for scaler, grad_fn, opt in zip(scalers, grad_fns, opts[:2]):
+            _, grads = grad_fn(x, y)
+            scaler.step(opt, grads)
+            scaler.update()
+        _, grads = wrapper_fn(x, y)
+        wrapper.apply_gradients(wrapper.get_unscaled_gradients(grads))
+        return holder.cell(x, y)[1]
+
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    before = [training_state(n) for n in nets]
+    assert not bool(step(x, y).asnumpy())
+    for old, net in zip(before, nets):
+        assert not all(np.array_equal(old[k], v) for k, v in training_state(net).items())
+    assert [s.state_dict()["scale"] for s in scalers[:1]] == [64.0] and wrapper.dynamic_counter == 1
+
+
+def test_scaler_stays_usable_after_update_inside_jit():
+    scaler = GradScaler("cuda", init_scale=4.0, growth_interval=1)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    @ms.jit
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        scaler.step(opt, grads)
+        scaler.update()
+        return scaler.scale(Tensor(np.float32(1.0))), loss  # the receiver is usable after update()
+
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    assert [float(step(x, y)[0].asnumpy()) for _ in range(3)] == [8.0, 16.0, 32.0]
+
+
+def test_pytorch_update_without_inf_checks_raises_and_paddle_allows_it():
+    torch_scaler, paddle_scaler = GradScaler("cuda"), GradScaler()
+    with pytest.raises(AssertionError, match="No inf checks were recorded prior to update"):
+        torch_scaler.update()
+    paddle_scaler.update()
+    assert paddle_scaler.state_dict()["incr_count"] == 1  # a clean iteration
+
+    @ms.jit
+    def only_update(x):
+        torch_scaler.update()
+        return x
+
+    with pytest.raises(AssertionError, match="No inf checks"):
+        _read(only_update(Tensor(1.0)))
+
+
+@pytest.mark.parametrize("new_scale, expected", [(512.0, 512.0), (Tensor(np.float32(8.0)), 8.0)])
+def test_update_with_new_scale(new_scale, expected):
+    scaler = GradScaler("cuda", init_scale=4.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    _, grads = _grad_fn(scaler, net, opt)(*[Tensor(a) for a in regression_batches(1)[0]])
+    scaler.step(opt, grads)
+    scaler.update(new_scale)
+    assert scaler.get_scale() == expected and scaler.state_dict()["_growth_tracker"] == 0
+
+
+@pytest.mark.parametrize("new_scale, error", [(0.0, ValueError), (float("nan"), ValueError), ("2", TypeError),
+                                              (Tensor(np.float32(-1.0)), ValueError)])
+def test_update_with_a_bad_new_scale(new_scale, error):
+    scaler = GradScaler("cuda", init_scale=4.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    _, grads = _grad_fn(scaler, net, opt)(*[Tensor(a) for a in regression_batches(1)[0]])
+    scaler.step(opt, grads)
+    with pytest.raises(error, match="new_scale"):
+        scaler.update(new_scale)
+    assert scaler.get_scale() == 4.0
+
+
+# ---- disabled scalers -------------------------------------------------------------------------------------
+
+def test_disabled_scaler_is_an_exact_no_op_and_reports_like_its_framework():
+    disabled = GradScaler(enable=False)
+    net, control = regression_net(), regression_net()
+    opt, control_opt = nn.SGD(net.trainable_params(), 0.05), nn.SGD(control.trainable_params(), 0.05)
+    grad_fn, control_fn = _grad_fn(disabled, net, opt), ms.value_and_grad(control, None, control_opt.parameters)
+    for x, y in _batches(3):
+        _, grads = grad_fn(x, y)
+        disabled.unscale_(grads)
+        disabled.step(opt, grads)
+        disabled.update()
+        control_opt(control_fn(x, y)[1])
+    for name, value in training_state(control).items():
+        np.testing.assert_array_equal(training_state(net)[name], value)
+    # Paddle: 1.0 and False; PyTorch: get_scale() 1.0; both: {} and a state load is ignored
+    assert (disabled.get_init_loss_scaling(), disabled.is_use_dynamic_loss_scaling(), disabled.get_scale(),
+            disabled.state_dict(), disabled.is_enable()) == (1.0, False, 1.0, {}, False)
+    disabled.load_state_dict(GradScaler(init_loss_scaling=8.0).state_dict())
+    assert disabled.state_dict() == {} and GradScaler(enabled=False).get_scale() == 1.0
+
+
+# ---- state_dict ---------------------------------------------------------------------------------------------
+
+def test_pytorch_state_dict_round_trip():
+    """PyTorch's test_grad_scaling_state_dict: s1 takes s0's state, also after s1 has been used (compiled)."""
+    for used in (False, True):
+        s0 = GradScaler("cuda", init_scale=3.0, growth_factor=4.0, backoff_factor=0.5, growth_interval=2)
+        s1 = GradScaler("cuda", init_scale=6.0, growth_factor=7.0, backoff_factor=0.8, growth_interval=1)
+        if used:
+            net = regression_net()
+            step = ms.jit(_basic(s1, net, nn.SGD(net.trainable_params(), 0.05)))
+            step(*[Tensor(a) for a in regression_batches(1)[0]], Tensor(False))
+        s1.load_state_dict(s0.state_dict())
+        assert (s1.get_scale(), s1.get_growth_factor(), s1.get_backoff_factor(), s1.get_growth_interval(),
+                s1.state_dict()["_growth_tracker"]) == (3.0, 4.0, 0.5, 2, 0)
+
+
+def test_paddle_state_dict_has_paddles_keys_and_loads_paddles_own():
+    scaler = GradScaler(init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3,
+                        decr_every_n_nan_or_inf=2)
+    state = scaler.state_dict()
+    assert sorted(state) == sorted(["scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
+                                    "decr_every_n_nan_or_inf", "incr_count", "decr_count",
+                                    "use_dynamic_loss_scaling"])
+    assert state["scale"].dtype == np.float32 and state["scale"].tolist() == [1024.0]
+    paddle_saved = {"scale": np.array([512.0], np.float32), "incr_ratio": 2.0, "decr_ratio": 0.5,
+                    "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "incr_count": 7, "decr_count": 1,
+                    "use_dynamic_loss_scaling": True}  # what paddle.amp.GradScaler.state_dict() returns
+    scaler.load_state_dict(paddle_saved)
+    assert scaler.get_init_loss_scaling() == 512.0 and scaler.get_scale() == 512.0  # as Paddle
+    assert {k: v for k, v in scaler.state_dict().items() if k != "scale"} == {
+        k: v for k, v in paddle_saved.items() if k != "scale"}
+    released = dict(paddle_saved, scale=512.0, init_loss_scaling=1024.0)  # lossscale 0.1.0's format
+    scaler.load_state_dict(released)
+    assert scaler.get_scale() == 512.0
+
+
+BAD_STATES = [
+    ({}, RuntimeError, "state dict is empty"),
+    ([1, 2], TypeError, "'state_dict' must be a dict"),
+    ({"foo": 1}, ValueError, "neither a Paddle GradScaler state .* nor a PyTorch one"),
+    ({"scale": 8.0, "growth_factor": 2.0}, ValueError, r"missing \['backoff_factor'"),
+    ("nan", ValueError, "state_dict\\['scale'\\]"),
+    ("none", TypeError, "state_dict\\['scale'\\]"),
+    ("tracker", ValueError, "state_dict\\['_growth_tracker'\\].*5"),
+    ("factor", AssertionError, "'growth_factor'.*0.5"),
+]
+
+
+@pytest.mark.parametrize("state, error, pattern", BAD_STATES, ids=[str(c[0])[:20] for c in BAD_STATES])
+def test_bad_state_dicts_change_nothing(state, error, pattern):
+    scaler = GradScaler("cuda", init_scale=8.0, growth_interval=4)
+    good = scaler.state_dict()
+    if isinstance(state, str):
+        state = {"nan": dict(good, scale=float("nan")), "none": dict(good, scale=None),
+                 "tracker": dict(good, _growth_tracker=5), "factor": dict(good, growth_factor=0.5)}[state]
+    with pytest.raises(error, match=pattern):
+        scaler.load_state_dict(state)
+    assert scaler.state_dict() == good
+
+
+def test_pickle_between_iterations_only():
+    scaler = GradScaler("cuda", init_scale=32.0, growth_interval=3)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    _, grads = grad_fn(x, y)
+    scaler.step(opt, grads)
+    with pytest.raises(RuntimeError, match="pickled at the beginning of an iteration"):
+        pickle.dumps(scaler)
+    scaler.update()
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert type(copy) is TorchGradScaler and copy.state_dict() == scaler.state_dict()
+    paddle = pickle.loads(pickle.dumps(GradScaler(init_loss_scaling=16.0, enable=False)))
+    assert type(paddle) is GradScaler and not paddle.is_enable()
+
+
+# ---- setters ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setter, value, error, pattern", [
+    ("set_incr_ratio", 1.0, AssertionError, r"'incr_ratio'.*1.0"),
+    ("set_decr_ratio", 1.5, AssertionError, r"'decr_ratio'.*1.5"),
+    ("set_decr_ratio", 0.0, ValueError, r"'decr_ratio'"),
+    ("set_incr_every_n_steps", 0, ValueError, r"'incr_every_n_steps'.*0"),
+    ("set_decr_every_n_nan_or_inf", 0, ValueError, r"'decr_every_n_nan_or_inf'.*0"),
+    ("set_init_loss_scaling", -1.0, ValueError, r"'init_loss_scaling'.*-1.0"),
+    ("set_init_loss_scaling", float("inf"), ValueError, r"'init_loss_scaling'.*inf"),
+    ("set_growth_factor", 1.0, AssertionError, r"'incr_ratio'"),
+])
+def test_setters_validate_and_change_nothing_on_error(setter, value, error, pattern):
+    scaler = GradScaler()
+    before = scaler.state_dict()
+    with pytest.raises(error, match=pattern):
+        getattr(scaler, setter)(value)
+    assert scaler.state_dict() == before
+
+
+def test_getters_and_setters_of_both_spellings():
+    scaler = GradScaler(init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3,
+                        decr_every_n_nan_or_inf=1)
+    assert (scaler.get_init_loss_scaling(), scaler.get_incr_ratio(), scaler.get_decr_ratio(),
+            scaler.get_incr_every_n_steps(), scaler.get_decr_every_n_nan_or_inf()) == (1024.0, 4.0, 0.25, 3, 1)
+    torch = GradScaler("cuda")
+    torch.set_growth_factor(3.0)
+    torch.set_backoff_factor(0.125)
+    torch.set_growth_interval(5)
+    assert (torch.get_growth_factor(), torch.get_backoff_factor(), torch.get_growth_interval()) == (3.0, 0.125, 5)
+    assert torch.state_dict()["growth_interval"] == 5
+
+
+# ---- the backend's check, through a stand-in -----------------------------------------------------------------
+
+def test_ascend_saturation_check_through_the_scaler():
+    """The register is cleared as the scaled loss's backward begins (the forward pass's saturation is not
+    counted); unscale_/step read it after the gradients and clear it again.
+
+    Compiled only: in PyNative the stand-in's host callbacks run asynchronously, and on the first call the
+    forward pass's callback ran after the backward's clear. What real NPU streams do there is unverified."""
+    register = StatusRegister()
+    scaler = GradScaler("cuda", init_scale=1024.0, overflow_check=AscendSaturationCheck(register.clear_status,
+                                                                                        register.get_status))
+    net = SaturatingNet(register, forward=True)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+
+    def forward(x):
+        return scaler.scale(net(x))
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x):
+        _, grads = grad_fn(x)
+        skipped = scaler.step(opt, grads)
+        scaler.update()
+        return skipped
+
+    step = ms.jit(step)
+    for x, expected in ((1.0, False), (200.0, True), (1.0, False)):
+        register.log.clear()
+        assert bool(step(Tensor(np.array([1.0, 2.0, x], np.float32))).asnumpy()) == expected
+        assert register.log == ["forward", "forward", "clear", "backward", "get", "clear"]
+    assert scaler.get_scale() == 512.0
+
+
+def test_keys_must_be_constants_of_simple_types():
+    scaler = GradScaler("cuda")
+    grads = (Tensor(np.ones(2, np.float32)),)
+    with pytest.raises(TypeError, match="'key' must be an int or a str"):
+        scaler.unscale_(grads, key=1.5)
+    with pytest.raises(TypeError, match="'key'"):
+        scaler.unscale_(grads, key=True)
+
+
+def test_grad_capture_sees_unscaled_gradients():
+    """What the optimizer receives equals the gradients of the unscaled loss (eager, no unscale_ call)."""
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    reference = regression_net()
+    reference_opt = GradCapture(reference.trainable_params())
+    _, expected = ms.value_and_grad(reference, None, reference_opt.parameters)(x, y)
+    scaler = GradScaler(init_loss_scaling=2.0**12)
+    net = regression_net()
+    opt = GradCapture(net.trainable_params())
+    _, grads = _grad_fn(scaler, net, opt)(x, y)
+    scaler.step(opt, grads)
+    for got, want in zip(opt.captured, expected):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6)

@@ -1,0 +1,343 @@
+"""LossScaleOptimizer, held to tf.keras' own loss_scale_optimizer_test.py (Keras 2, whose API it follows):
+the seed examples, the dynamic rule, skipped steps that still advance ``iterations``, float16 losses,
+hyperparameter delegation, argument errors, nesting; plus the refusal of wrongly scaled gradients."""
+import warnings
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn
+
+from lossscale import LossScaleOptimizer, get_preset
+from lossscale.policy import run
+from nets import own_names, regression_batches, regression_net, training_state
+
+T, F = True, False
+
+
+class Square(nn.Cell):
+    """Keras' example: ``loss = var ** 2`` with ``var = 1``."""
+
+    def __init__(self, value=1.0, dtype=np.float32):
+        super().__init__()
+        self.var = Parameter(Tensor(np.array(value, dtype)), name="var")
+
+    def construct(self):
+        return self.var ** 2
+
+
+def _value(opt_or_param):
+    return float(opt_or_param.asnumpy())
+
+
+def test_seed_minimize_example():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+    assert not bool(opt.minimize(model).asnumpy())
+    assert _value(model.var) == 0.5
+
+
+def test_seed_manual_example_with_keras_pairs():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+    opt.minimize(model)
+
+    def forward():
+        return opt.get_scaled_loss(model())
+
+    scaled_loss, grads = ms.value_and_grad(forward, None, opt.parameters)()
+    assert _value(scaled_loss) == 0.25 * 2.0**15
+    (grad,) = opt.get_unscaled_gradients(grads)
+    opt.apply_gradients([(grad, model.var)])  # Keras' (gradient, variable) pairs
+    assert _value(model.var) == 0.25
+
+
+def test_fixed_loss_scale_applied_to_loss_with_minimize():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 1.0), dynamic=False, initial_scale=10.0)
+    opt.minimize(model)
+    assert _value(model.var) == -1.0 and _value(opt.loss_scale) == 10.0  # 1 - 1.0 * 2; the scale is fixed
+
+
+def _keras_rule(flags, scale, growth_steps):
+    """tf.keras' rule (as in tests/test_presets.py): floor 1, finite growth only."""
+    return [s.scale for s in run(get_preset("tf_keras", init_scale=scale, growth_interval=growth_steps), flags)]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_dynamic_rule_skips_and_iterations_advance(compiled):
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.1), initial_scale=64.0, dynamic_growth_steps=2)
+
+    def forward(bad):
+        return opt.get_scaled_loss(model() * bad)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(bad):
+        _, grads = grad_fn(bad)
+        return opt.apply_gradients(opt.get_unscaled_gradients(grads))
+
+    step = ms.jit(step) if compiled else step
+    flags = [F, T, F, F, T, T, F]
+    scales = []
+    for i, flag in enumerate(flags):
+        before = _value(model.var)
+        assert bool(step(Tensor(np.float32(np.inf if flag else 1.0))).asnumpy()) == flag
+        assert (_value(model.var) == before) == flag
+        assert int(opt.iterations.asnumpy()[0]) == i + 1  # tf.keras: a skipped step still advances iterations
+        scales.append(_value(opt.loss_scale))
+    assert scales == _keras_rule(flags, 64.0, 2)
+
+
+def test_floor_at_one_and_no_growth_to_inf():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.0), initial_scale=4.0, dynamic_growth_steps=1)
+    for _ in range(5):
+        opt.apply_gradients((Tensor(np.float32(np.nan)),))
+    assert _value(opt.loss_scale) == 1.0
+    high = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.0), initial_scale=2.0**127,
+                              dynamic_growth_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        high.apply_gradients((Tensor(np.float32(0.0)),))
+    assert _value(high.loss_scale) == 2.0**127
+
+
+def test_float16_loss():
+    """A float16 loss is scaled in float32 (the scaled value cannot overflow float16) and the gradient is exact."""
+    model = Square(1.0, np.float16)
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25), initial_scale=2.0**15)
+
+    def forward():
+        return opt.get_scaled_loss(model())
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    scaled_loss, grads = grad_fn()
+    assert scaled_loss.dtype == ms.float32 and _value(scaled_loss) == 2.0**15
+    # d(var**2 * S)/dvar = 2 * 2**15 = 65536 overflows float16: skipped, halved
+    assert bool(opt.apply_gradients(opt.get_unscaled_gradients(grads)).asnumpy())
+    assert _value(model.var) == 1.0 and _value(opt.loss_scale) == 2.0**14
+    _, grads = grad_fn()
+    assert not bool(opt.apply_gradients(opt.get_unscaled_gradients(grads)).asnumpy())
+    assert _value(model.var) == 0.5
+
+
+def test_non_finite_loss_with_finite_gradients_is_skipped():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25), initial_scale=8.0)
+
+    def forward(offset):
+        return opt.get_scaled_loss(model() + offset)
+
+    _, grads = ms.value_and_grad(forward, None, opt.parameters)(Tensor(np.float32(np.inf)))
+    assert bool(opt.apply_gradients(opt.get_unscaled_gradients(grads)).asnumpy())
+    assert _value(model.var) == 1.0 and _value(opt.loss_scale) == 4.0
+
+
+def test_get_scaled_loss_callable_and_unscaled_gradients_with_none():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25), initial_scale=4.0)
+    scaled = opt.get_scaled_loss(model)
+    assert callable(scaled) and _value(scaled()) == 4.0
+    unscaled = opt.get_unscaled_gradients([Tensor(np.float32(8.0)), None])
+    assert _value(unscaled[0]) == 2.0 and unscaled[1] is None
+    with pytest.raises(ValueError, match="gradient 1 is None"):
+        opt.apply_gradients([Tensor(np.float32(1.0)), None])
+
+
+def test_hyperparameters_are_delegated():
+    inner = nn.Adam(Square().trainable_params(), learning_rate=0.01, beta1=0.8)
+    opt = LossScaleOptimizer(inner)
+    assert opt.inner_optimizer is inner and _value(opt.beta1) == pytest.approx(0.8)
+    assert opt.parameters is inner.parameters and opt.iterations is inner.global_step
+    opt.learning_rate = 0.5
+    assert _value(inner.learning_rate) == 0.5 and _value(opt.lr) == 0.5
+    opt.lr = Parameter(Tensor(np.float32(0.25)), name="new_lr")  # 0.1.0 failed on a Parameter
+    assert _value(inner.learning_rate) == 0.25
+    opt.learning_rate = Tensor(np.float32(0.125))
+    assert _value(inner.learning_rate) == 0.125
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf")])
+def test_bad_learning_rates_are_refused(value):
+    opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
+    with pytest.raises(ValueError, match="'learning_rate'"):
+        opt.learning_rate = value
+    assert _value(opt.learning_rate) == pytest.approx(0.1)
+
+
+def test_learning_rate_of_a_schedule_is_refused():
+    schedule = nn.ExponentialDecayLR(0.1, 0.9, 10)
+    opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), schedule))
+    with pytest.raises(ValueError, match="schedule"):
+        opt.learning_rate = 0.5
+
+
+BAD_ARGUMENTS = [
+    (dict(dynamic=False), "'initial_scale' must be specified if 'dynamic' is False"),
+    (dict(dynamic=False, initial_scale=8.0, dynamic_growth_steps=10), "'dynamic_growth_steps' must be None"),
+    (dict(dynamic="yes"), "'dynamic' must be a bool"),
+    (dict(dynamic=1), "'dynamic' must be a bool"),
+    (dict(initial_scale=0.0), "'initial_scale'"),
+    (dict(initial_scale=-1.0), "'initial_scale'"),
+    (dict(initial_scale=0.5), "'initial_scale'.*1.0"),  # below the floor of 1
+    (dict(initial_scale=float("nan")), "'initial_scale'"),
+    (dict(initial_scale=float("inf")), "'initial_scale'"),
+    (dict(initial_scale="8"), "'initial_scale'"),
+    (dict(dynamic=False, initial_scale=1e-45), "'initial_scale'"),
+    (dict(dynamic=False, initial_scale="8"), "'initial_scale'"),
+    (dict(dynamic_growth_steps=0), "'dynamic_growth_steps'"),
+    (dict(dynamic_growth_steps=2.5), "'dynamic_growth_steps'"),
+    (dict(dynamic_growth_steps=True), "'dynamic_growth_steps'"),
+    (dict(policy="keras", initial_scale=8.0), "either 'policy'"),
+    (dict(clipnorm=1.0), "does not support `clipnorm`. Instead, set `clipnorm` on the `inner_optimizer`"),
+    (dict(momentum=0.9), "does not support `momentum`. Instead, set `momentum` on the `inner_optimizer`"),
+    (dict(loss_scale=8.0), "does not support `loss_scale`. Instead"),
+    (dict(foo=1, bar=2), "does not support arguments: `foo`, `bar`"),
+    (dict(name="a b"), "'name'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, pattern", BAD_ARGUMENTS, ids=[str(c[0]) for c in BAD_ARGUMENTS])
+def test_bad_arguments_are_value_errors(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        LossScaleOptimizer(nn.Momentum(Square().trainable_params(), 0.1, 0.9), **kwargs)
+
+
+@pytest.mark.parametrize("inner, pattern", [
+    ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer"),
+    (None, "'inner_optimizer'"),
+    (nn.Momentum(Square().trainable_params(), 0.1, 0.9, loss_scale=128.0), "'optimizer.loss_scale' is 128.0"),
+])
+def test_bad_inner_optimizers(inner, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        LossScaleOptimizer(inner)
+
+
+def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
+    inner = nn.SGD(Square().trainable_params(), 0.1)
+    wrapper = LossScaleOptimizer(inner)
+    with pytest.raises(ValueError, match="already wrapped by a LossScaleOptimizer"):
+        LossScaleOptimizer(inner)
+    with pytest.raises(ValueError, match="'inner_optimizer' must be a mindspore.nn.Optimizer"):
+        LossScaleOptimizer(wrapper)
+
+
+def test_fixed_scale_properties_and_skips():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.1), dynamic=False, initial_scale=128.0)
+    assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (False, None, None,
+                                                                                               128.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert bool(opt.apply_gradients((Tensor(np.float32(np.inf)),)).asnumpy())  # Keras 2 would apply inf
+    assert _value(opt.loss_scale) == 128.0 and _value(model.var) == 1.0
+
+
+def _read(outputs):
+    return outputs.asnumpy()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("scale_loss, unscale, pattern", [
+    (True, False, "loss_scale times too large"),
+    (False, True, "1/loss_scale of the true gradients"),
+])
+def test_wrongly_scaled_gradients_are_refused(compiled, scale_loss, unscale, pattern):
+    net = regression_net()
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
+
+    def forward(x, y):
+        loss = net(x, y)
+        return opt.get_scaled_loss(loss) if scale_loss else loss
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        if unscale:
+            grads = opt.get_unscaled_gradients(grads)
+        return opt.apply_gradients(grads)
+
+    step = ms.jit(step) if compiled else step
+    before = training_state(net)
+    with pytest.raises(RuntimeError, match=pattern):
+        _read(step(*[Tensor(a) for a in regression_batches(1)[0]]))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+
+
+def test_applying_without_the_scaling_calls_warns_once():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+    _, grads = ms.value_and_grad(model, None, opt.parameters)()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.apply_gradients(grads)
+        opt(grads)
+    assert len(caught) == 1 and "without get_scaled_loss() and get_unscaled_gradients()" in str(caught[0].message)
+    assert _value(model.var) == 0.0  # the true gradients were applied twice: 1 - 0.5, then 0.5 - 0.5
+
+
+def test_minimize_checks_var_list():
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+    with pytest.raises(ValueError, match="'var_list' must be the inner optimizer's parameters"):
+        opt.minimize(model, var_list=[Parameter(Tensor(np.float32(1.0)), name="other")])
+    with pytest.raises(ValueError, match="'loss' must be a callable"):
+        opt.minimize(Tensor(np.float32(1.0)))
+    opt.minimize(model, var_list=model.var)
+    assert _value(model.var) == 0.5
+
+
+def test_eager_and_compiled_give_identical_training():
+    results = []
+    for compiled in (False, True):
+        net = regression_net()
+        opt = LossScaleOptimizer(nn.Adam(net.trainable_params(), 0.01), initial_scale=2.0**10, dynamic_growth_steps=2)
+
+        def forward(x, y):
+            return opt.get_scaled_loss(net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+        def step(x, y):
+            _, grads = grad_fn(x, y)
+            return opt.apply_gradients(opt.get_unscaled_gradients(grads))
+
+        step = ms.jit(step) if compiled else step
+        for i, (x, y) in enumerate(regression_batches(5)):
+            if i == 2:
+                x = x.copy()
+                x[0, 0] = np.inf
+            step(Tensor(x), Tensor(y))
+        results.append((_value(opt.loss_scale), opt.dynamic_counter, training_state(net)))
+    assert results[0][:2] == results[1][:2]
+    for name, value in results[0][2].items():
+        np.testing.assert_array_equal(results[1][2][name], value, err_msg=name)
+
+
+def test_two_wrappers_in_one_graph():
+    models = [Square(1.0), Square(2.0)]
+    for index, model in enumerate(models):
+        model.var.name = f"var{index}"
+    opts = [LossScaleOptimizer(own_names(nn.SGD(m.trainable_params(), 0.25), f"opt{i}"), initial_scale=8.0)
+            for i, m in enumerate(models)]
+
+    def forward_fn(model, opt):
+        def forward():
+            return opt.get_scaled_loss(model())
+        return ms.value_and_grad(forward, None, opt.parameters)
+
+    grad_fns = [forward_fn(m, o) for m, o in zip(models, opts)]
+
+    @ms.jit
+    def step():
+        skipped = ()
+        for grad_fn, opt in zip(grad_fns, opts):
+            _, grads = grad_fn()
+            skipped = skipped + (opt.apply_gradients(opt.get_unscaled_gradients(grads)),)
+        return skipped
+
+    assert [bool(s.asnumpy()) for s in step()] == [False, False]
+    assert [_value(m.var) for m in models] == [0.5, 1.0]

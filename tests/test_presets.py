@@ -1,0 +1,216 @@
+"""Presets against independent re-implementations of each original rule (written from each library's source)."""
+import math
+
+import numpy as np
+import pytest
+
+from conftest import UpdateCellDriver
+from lossscale import DynamicLossScaleManager, DynamicLossScaleUpdateCell, get_preset
+from lossscale.policy import run
+from lossscale.presets import DIFFERENCES, PRESET_NAMES
+
+F32 = np.float32
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the originals grow to inf
+
+
+# ---- the originals, written from each library's source (not from lossscale.policy) --------------------
+
+def torch_rule(flags, scale=2.0**16, growth=2.0, backoff=0.5, interval=2000):
+    """torch._amp_update_scale_: no floor; a non-finite growth keeps the scale."""
+    scale, tracker, out = F32(scale), 0, []
+    for found_inf in flags:
+        if found_inf:
+            scale, tracker = F32(scale * F32(backoff)), 0
+        else:
+            tracker += 1
+            if tracker == interval:
+                grown = F32(scale * F32(growth))
+                scale, tracker = (grown if np.isfinite(grown) else scale), 0
+        out.append(float(scale))
+    return out
+
+
+def paddle_rule(flags, scale=2.0**15, incr=2.0, decr=0.5, incr_n=1000, decr_n=2, floor=None, guard=False):
+    """Paddle: dygraph AmpScaler._update (floor=None, guard=False) or the update_loss_scaling op (1, True)."""
+    scale, incr_count, decr_count, out = F32(scale), 0, 0, []
+    for found_inf in flags:
+        if found_inf:
+            incr_count, decr_count = 0, decr_count + 1
+            if decr_count == decr_n:
+                scale, decr_count = F32(scale * F32(decr)), 0
+                if floor is not None and scale < floor:
+                    scale = F32(floor)
+        else:
+            decr_count, incr_count = 0, incr_count + 1
+            if incr_count == incr_n:
+                grown = F32(scale * F32(incr))
+                scale = grown if (np.isfinite(grown) or not guard) else scale
+                incr_count = 0
+        out.append(float(scale))
+    return out
+
+
+def keras_rule(flags, scale=2.0**15, growth_steps=2000):
+    """Keras 3 LossScaleOptimizer: x2 when step_counter == growth_steps - 1 on a finite step; /2 otherwise."""
+    scale, counter, out = F32(scale), 0, []
+    for non_finite in flags:
+        if non_finite:
+            scale, counter = F32(scale / F32(2.0)), 0
+        elif counter == growth_steps - 1:
+            scale, counter = F32(scale * F32(2.0)), 0
+        else:
+            counter += 1
+        out.append(float(scale))
+    return out
+
+
+def tf_keras_rule(flags, scale=2.0**15, growth_steps=2000):
+    """tf.keras _DynamicLossScaleState.update: counter + 1 >= growth_steps grows (only to a finite
+    scale); a non-finite step halves, floored at 1 (maximum(scale / 2, 1)), and resets the counter."""
+    scale, counter, out = F32(scale), 0, []
+    for non_finite in flags:
+        if non_finite:
+            scale, counter = max(F32(scale / F32(2.0)), F32(1.0)), 0
+        elif counter + 1 >= growth_steps:
+            grown = F32(scale * F32(2.0))
+            scale, counter = (grown if np.isfinite(grown) else scale), 0
+        else:
+            counter += 1
+        out.append(float(scale))
+    return out
+
+
+def jmp_rule(flags, scale=2.0**15, period=2000, factor=2, min_loss_scale=1.0):
+    """jmp.DynamicLossScale.adjust: first_finite guard, floor at min_loss_scale."""
+    scale, counter, out = F32(scale), 0, []
+    for non_finite in flags:
+        finite = not non_finite
+        if finite:
+            if counter == period - 1:
+                grown = F32(scale * F32(factor))
+                scale = grown if np.isfinite(grown) else scale
+        else:
+            scale = max(F32(min_loss_scale), F32(scale / F32(factor)))
+        counter = ((counter + 1) % period) * int(finite)
+        out.append(float(scale))
+    return out
+
+
+def megatron_rule(flags, scale=2.0**32, min_scale=1.0, growth=2.0, backoff=0.5, interval=1000, hysteresis=2):
+    """Megatron-LM DynamicGradScaler.update."""
+    scale, growth_tracker, hysteresis_tracker, out = F32(scale), 0, hysteresis, []
+    for found_inf in flags:
+        if found_inf:
+            growth_tracker = 0
+            hysteresis_tracker -= 1
+            if hysteresis_tracker <= 0:
+                scale = max(F32(scale * F32(backoff)), F32(min_scale))
+        else:
+            growth_tracker += 1
+            if growth_tracker == interval:
+                growth_tracker, hysteresis_tracker = 0, hysteresis
+                scale = F32(scale * F32(growth))
+        out.append(float(scale))
+    return out
+
+
+def mindspore_rule(flags, scale=2.0**24, factor=2.0, window=2000):
+    """mindspore.nn.DynamicLossScaleUpdateCell (grows to inf)."""
+    scale, cur, last, out = F32(scale), 1, 0, []
+    for overflow in flags:
+        if overflow:
+            scale, last = max(F32(scale * (F32(1) / F32(factor))), F32(1.0)), cur
+        elif window <= cur - last:
+            scale, last = F32(scale * F32(factor)), cur
+        cur += 1
+        out.append(float(scale))
+    return out
+
+
+T, F = True, False
+# (preset, overrides, the original rule with the same settings, overflow pattern)
+PRESET_CASES = [
+    ("pytorch", dict(growth_interval=3), lambda f: torch_rule(f, interval=3), [F, F, F, T, T, F, F, F, F, F, F]),
+    ("pytorch", dict(), torch_rule, [T] * 170),                                    # reaches 0: no floor
+    ("pytorch", dict(init_scale=2.0**127, growth_interval=1), lambda f: torch_rule(f, 2.0**127, interval=1), [F, F, T, F]),
+    ("paddle", dict(growth_interval=3), lambda f: paddle_rule(f, incr_n=3), [T, F, T, T, T, T, T, F, F, F, T]),
+    ("paddle", dict(), paddle_rule, [T] * 330),                                     # no floor: 0
+    ("paddle_static", dict(growth_interval=2), lambda f: paddle_rule(f, incr_n=2, floor=1.0, guard=True),
+     [T, T, F, F, T, T, T, T] + [T] * 40),
+    ("paddle_static", dict(init_scale=2.0**127, growth_interval=1),
+     lambda f: paddle_rule(f, 2.0**127, incr_n=1, floor=1.0, guard=True), [F, F, F]),
+    ("keras", dict(growth_interval=2), lambda f: keras_rule(f, growth_steps=2), [F, F, F, T, F, F, T, T, F]),
+    ("keras", dict(), keras_rule, [T] * 180),
+    ("tf_keras", dict(growth_interval=2), lambda f: tf_keras_rule(f, growth_steps=2), [F, F, F, T, F, F, T, T, F]),
+    ("tf_keras", dict(), tf_keras_rule, [T] * 40),                                # floor at 1
+    ("tf_keras", dict(init_scale=2.0**127, growth_interval=1), lambda f: tf_keras_rule(f, 2.0**127, 1), [F, F, T]),
+    ("jmp", dict(growth_interval=3), lambda f: jmp_rule(f, period=3), [F, F, F, T, T, F, F, F] + [T] * 20),
+    ("jmp", dict(init_scale=2.0**127, growth_interval=1), lambda f: jmp_rule(f, 2.0**127, period=1), [F, F]),
+    ("megatron", dict(growth_interval=3), lambda f: megatron_rule(f, interval=3),
+     [T, F, T, T, T, F, F, F, T, F, T, T] + [T] * 40),
+    ("mindspore", dict(growth_interval=3), lambda f: mindspore_rule(f, window=3), [F, F, F, T, T, F, F, F] + [T] * 30),
+]
+
+
+@pytest.mark.parametrize("name, overrides, original, flags", PRESET_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(PRESET_CASES)])
+def test_preset_equals_the_original_rule(name, overrides, original, flags):
+    assert [s.scale for s in run(get_preset(name, **overrides), flags)] == original(flags)
+
+
+@pytest.mark.parametrize("name, original", [
+    ("keras", lambda f: keras_rule(f, 2.0**127, growth_steps=1)),
+    ("megatron", lambda f: megatron_rule(f, 2.0**127, interval=1)),
+    ("paddle", lambda f: paddle_rule(f, 2.0**127, incr_n=1)),
+    ("mindspore", lambda f: mindspore_rule(f, 2.0**127, window=1)),
+])
+def test_deliberate_difference_the_finiteness_guard(name, original):
+    flags = [F, F]
+    ours = [s.scale for s in run(get_preset(name, init_scale=2.0**127, growth_interval=1), flags)]
+    assert math.isinf(original(flags)[-1]) and ours == [2.0**127, 2.0**127]
+    assert "inf" in DIFFERENCES[name]
+
+
+def test_known_facts_about_floors():
+    from_2_16 = run(get_preset("pytorch"), [T] * 166)
+    assert from_2_16[-2].scale == 2.0**-149 and from_2_16[-1].scale == 0.0   # ~150 overflows after reaching 1
+    assert run(get_preset("paddle_static"), [T] * 100)[-1].scale == 1.0
+    assert run(get_preset("mindspore"), [T] * 100)[-1].scale == 1.0
+    assert run(get_preset("jmp", min_scale=4.0),
+               [T] * 100)[-1].scale == 4.0
+    assert run(get_preset("keras"), [T] * 200)[-1].scale == 0.0
+
+
+def test_paddle_counts_consecutive_bad_steps():
+    policy = get_preset("paddle", init_scale=64.0)
+    assert [s.scale for s in run(policy, [T, F, T, F, T, T, T, T])] == [64, 64, 64, 64, 64, 32, 32, 16]
+
+
+def test_preset_errors():
+    with pytest.raises(ValueError, match="'preset'.*'tensorflow'"):
+        get_preset("tensorflow")
+    with pytest.raises(TypeError, match="unknown LossScalePolicy field"):
+        get_preset("pytorch", scale_window=10)
+    assert set(DIFFERENCES) == set(PRESET_NAMES)
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_graph_cells_and_managers_apply_presets(name):
+    policy = get_preset(name, growth_interval=3, init_scale=2.0**20)
+    flags = [bool(x) for x in np.random.RandomState(len(name)).rand(60) < 0.3]
+    cell = DynamicLossScaleUpdateCell.from_policy(policy)
+    assert cell.policy == policy and DynamicLossScaleManager.from_policy(policy).policy == policy
+    assert UpdateCellDriver(cell).run(flags) == [s.scale for s in run(policy, flags)]
+
+
+@pytest.mark.reference
+def test_pytorch_grad_scaler_live():
+    torch = pytest.importorskip("torch")
+    flags = [F, F, T, F, F, F, T, T] + [F] * 5
+    scale, tracker, found = torch.tensor([2.0**16]), torch.tensor([0], dtype=torch.int32), torch.tensor([0.0])
+    theirs = []
+    for flag in flags:
+        found.fill_(1.0 if flag else 0.0)
+        torch._amp_update_scale_(scale, tracker, found, 2.0, 0.5, 3)  # pylint: disable=protected-access
+        theirs.append(float(scale))
+    assert [s.scale for s in run(get_preset("pytorch", growth_interval=3), flags)] == theirs
