@@ -9,6 +9,10 @@ Variants:
                    the structure any exact skip has, since the decision needs all gradients
   lossscale   (2)  lossscale.TrainOneStepWithLossScaleCell + DynamicLossScaleManager
   ms_jit      (3)  MindSpore's functional path: amp.DynamicLossScaler + amp.all_finite in mindspore.jit
+  gradscaler  (4)  lossscale.GradScaler in a mindspore.jit step: scale, value_and_grad, step, update
+  with --release (needs this repository's git history):
+  release     (2r) as (2), with lossscale 0.1.0 (benchmarks/release.py): what the redesign costs
+  gradscaler_release (4r) as (4), with lossscale 0.1.0's GradScaler
 """
 import argparse
 
@@ -17,7 +21,7 @@ import numpy as np
 from common import LEVELS, MODELS, emit, first_call_seconds, make_inputs, make_network, rotating_rounds, summarise
 
 BASELINES = [("lossscale", "plain"), ("lossscale", "plain_if"), ("lossscale", "ms_jit"), ("plain_if", "plain"),
-             ("lossscale", "plain_wait"), ("plain_wait", "plain_if")]
+             ("lossscale", "plain_wait"), ("plain_wait", "plain_if"), ("gradscaler", "ms_jit")]
 
 
 def _loss_fn():
@@ -108,8 +112,55 @@ def build_ms_jit(model, level):
     return train_step
 
 
+def build_release(model, level):
+    from release import materialise
+
+    release = materialise()
+    network = make_network(model)
+    return release.build_train_network(network, _optimizer(network), _loss_fn(), level=level,
+                                       loss_scale_manager=release.DynamicLossScaleManager(init_loss_scale=2**16))
+
+
+def _gradscaler_step(scaler_class, model, level):
+    """A PyTorch-style compiled step with ``scaler_class(init_scale=2**16)`` (no unscale_ call)."""
+    import mindspore as ms
+
+    plain = build_plain(model, level)
+    network_with_loss, optimizer = plain.network, plain.optimizer
+    scaler = scaler_class(init_scale=2.0**16)
+
+    def forward(x, y):
+        return scaler.scale(network_with_loss(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        scaler.step(optimizer, grads)
+        scaler.update()
+        return loss
+
+    return train_step
+
+
+def build_gradscaler(model, level):
+    from lossscale import GradScaler
+
+    return _gradscaler_step(GradScaler, model, level)
+
+
+def build_gradscaler_release(model, level):
+    from release import materialise
+
+    return _gradscaler_step(materialise().GradScaler, model, level)
+
+
 BUILDERS = {"plain": build_plain, "plain_if": build_plain_if, "plain_wait": build_plain_wait,
-            "lossscale": build_lossscale, "ms_jit": build_ms_jit}
+            "lossscale": build_lossscale, "ms_jit": build_ms_jit, "gradscaler": build_gradscaler}
+# Against lossscale 0.1.0 (--release): needs this repository's git history (benchmarks/release.py).
+RELEASE_BUILDERS = {"release": build_release, "gradscaler_release": build_gradscaler_release}
+RELEASE_BASELINES = [("lossscale", "release"), ("gradscaler", "gradscaler_release")]
 
 
 def warm_runtime():
@@ -128,26 +179,33 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--builds", type=int, default=3, help="fresh builds per variant for the first-call time")
+    parser.add_argument("--release", action="store_true", help="also time lossscale 0.1.0 (needs git history)")
     args = parser.parse_args()
+    builders = dict(BUILDERS, **RELEASE_BUILDERS) if args.release else BUILDERS
+    baselines = BASELINES + RELEASE_BASELINES if args.release else BASELINES
 
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     warm_runtime()
     inputs = make_inputs(args.model)
-    variants, first_calls = {}, {name: [] for name in BUILDERS}
-    names = list(BUILDERS)
+    variants, first_calls = {}, {name: [] for name in builders}
+    names = list(builders)
     for build in range(args.builds):  # rotating order, like the step rounds; the last build is timed below
         for name in names[build % len(names):] + names[:build % len(names)]:
             ms.set_seed(0)
-            variants[name] = BUILDERS[name](args.model, args.level)
+            variants[name] = builders[name](args.model, args.level)
             first_calls[name].append(first_call_seconds(variants[name], inputs))
     first_call = {name: float(np.median(seconds)) for name, seconds in first_calls.items()}
     times = rotating_rounds(variants, inputs, args.rounds, args.steps, args.warmup)
-    summary, ratios = summarise(times, BASELINES)
-    emit({"model": args.model, "level": args.level, "batch": MODELS[args.model], "summary": summary,
-          "ratios": ratios, "first_call_s": first_call,
-          "first_call_ratio": first_call["lossscale"] / first_call["plain"]})
+    summary, ratios = summarise(times, baselines)
+    payload = {"model": args.model, "level": args.level, "batch": MODELS[args.model], "summary": summary,
+               "ratios": ratios, "first_call_s": first_call,
+               "first_call_ratio": first_call["lossscale"] / first_call["plain"]}
+    if args.release:
+        payload["first_call_vs_release"] = first_call["lossscale"] / first_call["release"]
+        payload["gradscaler_first_call_vs_release"] = first_call["gradscaler"] / first_call["gradscaler_release"]
+    emit(payload)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/run.py                 # full run (about 5 minutes on 2 cores)
     python benchmarks/run.py --smoke         # a few steps per variant: checks the harness, not the speed
+    python benchmarks/run.py --no-release    # without the lossscale 0.1.0 comparison (no git history)
     python benchmarks/run.py --output results.json
 
 Targets (issue "Performance"), checked on the full run only:
@@ -56,6 +57,22 @@ def step_table(results):
     return "\n".join(lines)
 
 
+def redesign_table(results):
+    """The current code against lossscale 0.1.0 (benchmarks/release.py), in the same processes."""
+    header = (f"{'config':<12}{'lossscale':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}"
+              f"{'GradScaler':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}{'GS/ms_jit':>11}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        s, q = r["summary"], r["ratios"]
+        cells = [f"{s[v]['median_ms']:>9.2f} ±{s[v]['iqr_ms']:>5.2f}" for v in ("lossscale", "release")]
+        grad = [f"{s[v]['median_ms']:>9.2f} ±{s[v]['iqr_ms']:>5.2f}" for v in ("gradscaler", "gradscaler_release")]
+        lines.append(f"{r['model'] + ' ' + r['level']:<12}{''.join(cells)}{q['lossscale/release']:>8.3f}"
+                     f"{r['first_call_vs_release']:>10.2f}{''.join(grad)}{q['gradscaler/gradscaler_release']:>8.3f}"
+                     f"{r['gradscaler_first_call_vs_release']:>10.2f}{q['gradscaler/ms_jit']:>11.3f}")
+    lines.append("current / 0.1.0: paired step ratio (median over rounds) and first-call ratio (medians of fresh builds)")
+    return "\n".join(lines)
+
+
 def check_table(checks):
     header = f"{'gradients':<18}{'lossscale ms':>14}{'all_finite ms':>15}{'speedup':>9}"
     lines = [header, "-" * len(header)]
@@ -89,7 +106,10 @@ def main():
     parser.add_argument("--output", default=os.path.join(HERE, "results.json"))
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS))
+    parser.add_argument("--no-release", action="store_true",
+                        help="skip the comparison with lossscale 0.1.0 (always skipped with --smoke)")
     args = parser.parse_args()
+    release = [] if args.smoke or args.no_release else ["--release"]
     settings = SMOKE if args.smoke else FULL
     timeout = 300 if args.smoke else 900
     start = time.time()
@@ -100,9 +120,12 @@ def main():
             print(f"... {model} {level}", file=sys.stderr, flush=True)
             builds = BUILDS["smoke" if args.smoke else "full"]
             steps.append(run_process("bench_step.py", ["--model", model, "--level", level, f"--builds={builds}",
-                                                       *_timing_args(settings)], timeout))
+                                                       *release, *_timing_args(settings)], timeout))
     print(step_table(steps))
     print()
+    if release:
+        print(redesign_table(steps))
+        print()
     print(check_table(checks))
     rows = verdicts(steps, checks)
     if not args.smoke:

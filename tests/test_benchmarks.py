@@ -17,10 +17,10 @@ def test_benchmark_smoke_run(tmp_path):
     assert {(r["model"], r["level"]) for r in result["steps"]} == {
         (m, l) for m in ("mlp", "lenet5") for l in ("O0", "O2", "O3")}
     for r in result["steps"]:
-        assert set(r["summary"]) == {"plain", "plain_if", "plain_wait", "lossscale", "ms_jit"}
+        assert set(r["summary"]) == {"plain", "plain_if", "plain_wait", "lossscale", "ms_jit", "gradscaler"}
         assert all(s["steps"] == 4 and s["median_ms"] > 0 for s in r["summary"].values())
         assert set(r["ratios"]) >= {"lossscale/plain", "lossscale/plain_if", "lossscale/plain_wait",
-                                    "lossscale/ms_jit"}
+                                    "lossscale/ms_jit", "gradscaler/ms_jit"}
     # both checks agree: finite gradients pass, a nan fails
     assert all(c["finite_then_nan"] == {"lossscale": [True, False], "all_finite": [True, False]}
                for c in result["checks"])
