@@ -6,7 +6,7 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
 (usable eagerly, inside ``construct`` and inside ``mindspore.jit``) unless marked host::
 
     scaled = core.scale(outputs)          # each loss promoted to >= float32, times S
-    sens = core.sens(loss)                # S in the loss dtype: the backward seed of loss * S
+    sens = core.sens(loss)                # S in the loss dtype: the sens (backward input) of loss * S
     grads = core.unscale(grads)           # g * (1/S) in float32, cast back to g's dtype
     status, x = core.start(pre_cond, x)   # the check's pre-backward step (Ascend: clear the register)
     flag = core.flag(status, grads)       # float32, 0 when this rank's gradients are finite
@@ -16,7 +16,7 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
     core.state_dict(), core.load_state_dict(state), core.get_scale(), core.set_scale(v)   # host
 
 Why promote in :meth:`scale` and not in :meth:`sens`: the gradient of
-``float32(loss) * S`` reaching a float16 loss is ``float16(S)``, exactly the seed
+``float32(loss) * S`` reaching a float16 loss is ``float16(S)``, exactly the sens
 :meth:`sens` gives the train cell's backward, so every user of the core computes the
 same gradients; only the returned scaled value differs (it cannot overflow float16).
 
@@ -133,11 +133,33 @@ class LossScaler(nn.Cell):
             default the current backend's.
         mutable_rule (bool): hold a dynamic rule's numbers and a dynamic/fixed switch in
             Parameters, so :meth:`set_rule` reaches graphs compiled before (front-ends with setters).
-        scale_shape (tuple): ``()`` or ``(1,)``, the shape of the scale Parameter. Default: the
-            shape of a Tensor ``rule``, else ``()``.
+
+    The scale Parameter has the shape of a Tensor ``rule`` (``()`` or ``(1,)``), else ``()``.
 
     Host syncs: :meth:`get_scale`, :meth:`state_dict` read the device; :meth:`set_scale`,
     :meth:`load_state_dict` and :meth:`set_rule` write it. The graph methods never sync.
+
+    Example (one step of a custom loop; a front-end adds only its framework's API to this):
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from lossscale.policy import LossScalePolicy
+        >>> core = LossScaler(LossScalePolicy(init_scale=2.0**10, growth_interval=2), name="doc_loop")
+        >>> class ScaledLoss(nn.Cell):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.net, self.core = nn.Dense(2, 1, weight_init="ones"), core
+        ...     def construct(self, x):
+        ...         return self.core.scale(self.net(x).sum())
+        >>> loss = ScaledLoss()
+        >>> net, opt = loss.net, nn.SGD(loss.net.trainable_params(), 0.1)
+        >>> _, grads = ms.value_and_grad(loss, None, opt.parameters)(Tensor(np.ones((1, 2), np.float32)))
+        >>> grads = core.unscale(grads)
+        >>> overflow = core.is_overflow(core.flag(None, grads))
+        >>> if not overflow:
+        ...     _ = opt(grads)
+        >>> _ = core.adjust(overflow)
+        >>> net.weight.asnumpy().tolist(), core.state_dict()["good_steps"]
+        ([[0.8999999761581421, 0.8999999761581421]], 1)
     """
 
     def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False):
@@ -191,7 +213,7 @@ class LossScaler(nn.Cell):
         return _scale_tree(scale, outputs, self.check.before_backward)
 
     def sens(self, loss, scale=None):
-        """The backward seed of ``loss * S``: S cast to ``loss``'s dtype, in ``loss``'s shape."""
+        """The sens (backward input) of ``loss * S``: S cast to ``loss``'s dtype, in ``loss``'s shape."""
         scale = self.scale_value if scale is None else scale
         return ops.cast(ops.broadcast_to(scale.reshape(()), ops.shape(loss)), ops.dtype(loss))
 
