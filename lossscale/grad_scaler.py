@@ -246,15 +246,17 @@ class GradScaler:
             return grads
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        refused = self._states.refuse_unscale(slot)
+        column = self._states.column(slot)
+        refused = self._states.refuse_unscale(column)
         seen = _overflow.fingerprint(self._hyper_map, grads)
         unscaled = self._core.unscale(grads)
-        self._states.record_unscale(slot, self._decide(unscaled), seen, structure)
-        return ops.depend(unscaled, refused)  # reading the result reports a refusal (graphs run asynchronously)
+        recorded = self._states.record_unscale(slot, self._decide(unscaled, column), seen, structure)
+        # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
+        return ops.depend(unscaled, (refused, recorded))
 
-    def _decide(self, unscaled):
+    def _decide(self, unscaled, column):
         """float32 0/1: these unscaled gradients (or this iteration's loss) overflowed on some rank."""
-        return self._states.found(self._core.is_overflow(self._core.flag(None, unscaled)))
+        return self._states.found(self._core.is_overflow(self._core.flag(None, unscaled)), column)
 
     def step(self, optimizer, grads, key=None):
         """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
@@ -271,28 +273,28 @@ class GradScaler:
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        stage = self._states.refuse_step(slot)
-        if self._states.unscaled(stage):
+        column = self._states.column(slot)
+        if self._states.unscaled(column):
             seen = _overflow.fingerprint(self._hyper_map, grads)
-            self._states.refuse_scaled_gradients(slot, seen, self._core.scale_value)
-            nonfinite = ops.logical_not(ops.isfinite(seen))
-            found = ops.maximum(self._states.found_inf[slot], self._states.found(nonfinite))
+            found = self._states.found_after_unscale(column, ops.logical_not(ops.isfinite(seen)))
+            code = self._states.scaled_gradients_code(column, seen, self._core.scale_value)
             to_apply = grads
         else:
-            self._states.refuse_ambiguous(slot, structure)
             to_apply = self._core.unscale(grads)
-            found = self._decide(to_apply)
-        self._states.record_step(slot, found)
-        skipped = self._states.skips(found)
+            found = self._decide(to_apply, column)
+            code = self._states.ready_code(slot, column, structure)
+        skipped = self._states.record_step(slot, found, code)
+        # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             skipped = ops.depend(skipped, optimizer(to_apply))
+        else:
+            skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
         self._reset_after_step_if_fixed()
-        return ops.depend(skipped, stage)
+        return skipped
 
     def _reset_after_step_if_fixed(self):
         """Paddle: with a fixed scale update() does nothing, so step() itself starts the next iteration."""
-        if not self._core.dynamic_flag():
-            self._states.reset()
+        return self._states.reset(keep=self._core.dynamic_flag())
 
     def update(self, new_scale=None):
         """Update the scale from this iteration's overflows (once per iteration, after every ``step``).

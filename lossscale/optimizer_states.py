@@ -5,11 +5,15 @@ Per optimizer slot, between two ``update()`` calls::
     READY --unscale_()--> UNSCALED --step()--> STEPPED        (step() from READY unscales itself)
     unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
 
-The stage, this iteration's overflow flag (``found_inf``), the fingerprint of the scaled
-gradients ``unscale_()`` was given and their structure live in Parameters, so the machine is
-the same for eager calls, every compiled function and every recompilation: nothing is keyed
-by a compilation. A misuse is refused before anything is applied; inside a compiled graph the
-refusal is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal one.
+Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the
+scaled gradients ``unscale_()`` was given and their structure, plus whether a scaled loss was
+non-finite, live in one float32 Parameter (``<name>.iteration``, a row per field, a column per
+slot), so the machine is the same for eager calls, every compiled function and every
+recompilation: nothing is keyed by a compilation. One table keeps the bookkeeping to a few
+whole-Parameter writes per call, which MindSpore's CPU runtime launches much faster than many
+small ones. A misuse is refused before anything is applied; inside a compiled graph the refusal
+is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal one. ``step()``'s
+refusals sit in the branch that skips the optimizer, so a correct step pays no extra control flow.
 
 A slot is chosen per *key* at trace time: an explicit ``key`` (an int or str constant), or by
 default the structure of the gradients (their shapes and dtypes), which is the same for
@@ -29,6 +33,10 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 READY, UNSCALED, STEPPED = 0, 1, 2
+# step() refusal codes (0: none)
+STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
+# rows of the iteration table
+STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, LOSS_NONFINITE = range(5)
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates name -> {key: slot}
 
@@ -52,8 +60,8 @@ def _none_describe(grad):
 
 @constexpr
 def _signature(description):
-    """A deterministic int32 for the (shape, dtype) structure of a gradient tuple."""
-    return zlib.crc32(repr(description).encode()) & 0x7FFFFFFF
+    """A deterministic 24-bit int for the (shape, dtype) structure of a gradient tuple (exact in float32)."""
+    return zlib.crc32(repr(description).encode()) & 0xFFFFFF
 
 
 @constexpr
@@ -90,23 +98,32 @@ class OptimizerStates(nn.Cell):
         self.registry = name
         self.capacity = capacity
         self.hyper_map = ops.HyperMap()
-        self.stage = Parameter(Tensor(np.zeros(capacity, np.int32)), name=f"{name}.stage", requires_grad=False)
-        self.found_inf = Parameter(Tensor(np.zeros(capacity, np.float32)), name=f"{name}.found_inf",
-                                   requires_grad=False)
-        self.fingerprint = Parameter(Tensor(np.zeros(capacity, np.float32)), name=f"{name}.fingerprint",
-                                     requires_grad=False)
-        self.structure = Parameter(Tensor(np.zeros(capacity, np.int32)), name=f"{name}.structure",
-                                   requires_grad=False)
-        self.loss_nonfinite = Parameter(Tensor(0.0, mstype.float32), name=f"{name}.loss_nonfinite",
-                                        requires_grad=False)
+        self.table = Parameter(Tensor(np.zeros((5, capacity), np.float32)), name=f"{name}.iteration",
+                               requires_grad=False)
         # Tensor constants rather than Python numbers in graph arithmetic (see lossscale.overflow).
-        self._ready, self._unscaled, self._stepped = (Tensor(v, mstype.int32) for v in (READY, UNSCALED, STEPPED))
+        self._ready, self._unscaled, self._stepped = (Tensor(float(v), mstype.float32)
+                                                      for v in (READY, UNSCALED, STEPPED))
+        self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous = (
+            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS))
         self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
-        self._others = Tensor(~np.eye(capacity, dtype=np.bool_))  # row i: every slot but i
+        self._slot_indices = Tensor(np.arange(capacity, dtype=np.int32).reshape(capacity, 1))
+        self._slot_columns = Tensor(np.eye(capacity, dtype=np.bool_)[:, None, :])  # [slot]: (1, capacity) mask
+        self._others = Tensor(~np.eye(capacity, dtype=np.bool_))  # [slot]: every slot but that one
+        rows = np.zeros((5, 1), np.bool_)
+        rows[[STAGE, FOUND_INF]] = True
+        self._step_rows = Tensor(rows.copy())
+        rows[[FINGERPRINT, STRUCTURE]] = True
+        self._unscale_rows = Tensor(rows.copy())
+        rows[:] = False
+        rows[LOSS_NONFINITE] = True
+        self._loss_row = Tensor(np.broadcast_to(rows, (5, capacity)).copy())
+        rows[:] = True
+        rows[STRUCTURE] = False  # kept across iterations (refusals compare structures within one only)
+        self._iteration_rows = Tensor(np.broadcast_to(rows, (5, capacity)).copy())
 
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
-        """The int32 structure signature of ``grads`` (a constant)."""
+        """The structure signature of ``grads`` (a constant)."""
         return _signature(self.hyper_map(_describe, grads))
 
     def slot(self, key, signature):
@@ -114,91 +131,115 @@ class OptimizerStates(nn.Cell):
         _check_key(key)
         return _slot(self.registry, key, signature, self.capacity)
 
-    # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
-    def refuse_unscale(self, slot):
-        if self.stage[slot] == self._unscaled:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
-                               "Call it once per optimizer per iteration and pass the gradients it returned to "
-                               "step(); with several optimizers give each its own key.")
-        if self.stage[slot] == self._stepped:
-            raise RuntimeError("unscale_() is being called after step(). Call unscale_() before step() (step() "
-                               "has already unscaled and applied these gradients), or update() first.")
-        return self.stage[slot]
+    # ---- graph: reads ----------------------------------------------------------------------------
+    def column(self, slot):
+        """The slot's fields, indexed by the row constants (``column[STAGE]``, ...).
 
-    def refuse_step(self, slot):
-        if self.stage[slot] == self._stepped:
-            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
-                               "iteration, after every optimizer's step(); with several optimizers give each its "
-                               "own key.")
-        return self.stage[slot]
+        A gather, not ``table[:, slot]``: MindSpore 2.10's graph compiler merges two such slices of one
+        Parameter even when the Parameter is written between them, so a read after a write returned the
+        value from before it (measured; a row index ``table[i]`` is not affected)."""
+        return ops.gather(self.table, self._slot_indices[slot], 1).reshape((5,))
 
-    def refuse_scaled_gradients(self, slot, fingerprint, scale):
-        """step() after unscale_(): refuse the very gradients unscale_() was given (still scaled)."""
-        seen = self.fingerprint[slot]
-        if ops.logical_and(ops.logical_and(fingerprint == seen, seen != self._zero), scale != self._one):
-            raise RuntimeError("step() got the scaled gradients that unscale_() was given for this optimizer. In "
-                               "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
-                               "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads).")
-        return seen
+    def unscaled(self, column):
+        """Whether the slot's stage is UNSCALED."""
+        return column[STAGE] == self._unscaled
 
-    def refuse_ambiguous(self, slot, structure):
-        """step() without unscale_() for this slot, while another slot unscaled gradients shaped like these."""
-        others = ops.logical_and(self.stage == self._unscaled, self.structure == structure)
-        if ops.logical_and(others, self._others[slot]).any():
-            raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
-                               "this iteration, so they may be unscaled already: pass the same key to unscale_() "
-                               "and step() for one optimizer, or call unscale_() for this key too.")
-        return structure
-
-    def refuse_update_without_checks(self):
-        """PyTorch: update() needs an unscale_() or step() since the last update()."""
-        if (self.stage == self._ready).all():
-            raise AssertionError("No inf checks were recorded prior to update(): call step() (or unscale_()) for "
-                                 "each optimizer before update().")
-        return self.stage
-
-    def unscaled(self, stage):
-        """Whether ``stage`` (from :meth:`refuse_step`) is UNSCALED."""
-        return stage == self._unscaled
-
-    def skips(self, found):
-        """Whether a recorded ``found`` (float32 0/1) means the step is skipped."""
-        return found > self._zero
-
-    # ---- graph: records --------------------------------------------------------------------------
-    def record_loss(self, loss_flag):
-        """A non-finite scaled loss this iteration makes every later decision an overflow."""
-        bad = ops.select(ops.isfinite(loss_flag), ops.zeros_like(loss_flag), ops.ones_like(loss_flag))
-        return ops.assign(self.loss_nonfinite, ops.maximum(self.loss_nonfinite, bad))
-
-    def found(self, overflow):
+    def found(self, overflow, column):
         """This decision as float32 0/1, including a non-finite loss seen this iteration."""
-        return ops.maximum(ops.cast(overflow, mstype.float32), self.loss_nonfinite)
+        return ops.maximum(ops.cast(overflow, mstype.float32), column[LOSS_NONFINITE])
 
-    def record_unscale(self, slot, found, fingerprint, structure):
-        self.found_inf[slot] = found
-        self.fingerprint[slot] = fingerprint
-        self.structure[slot] = structure
-        self.stage[slot] = self._unscaled
-        return self.stage
-
-    def record_step(self, slot, found):
-        self.found_inf[slot] = found
-        self.stage[slot] = self._stepped
-        return self.stage
+    def found_after_unscale(self, column, nonfinite):
+        """step() after unscale_(): what unscale_() found, or the given gradients now being non-finite."""
+        return ops.maximum(column[FOUND_INF], self.found(nonfinite, column))
 
     def any_found(self):
         """Whether any optimizer (or the loss) overflowed since the last update()."""
-        return ops.logical_or(self.found_inf.max() > self._zero, self.loss_nonfinite > self._zero)
+        return ops.maximum(self.table[FOUND_INF], self.table[LOSS_NONFINITE]).max() > self._zero
 
-    def reset(self):
-        """A new iteration: every slot READY, no overflow recorded."""
-        done = ops.assign(self.stage, ops.zeros_like(self.stage))
-        done = ops.depend(ops.assign(self.found_inf, ops.zeros_like(self.found_inf)), done)
-        done = ops.depend(ops.assign(self.fingerprint, ops.zeros_like(self.fingerprint)), done)
-        return ops.depend(ops.assign(self.loss_nonfinite, ops.zeros_like(self.loss_nonfinite)), done)
+    # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
+    def refuse_unscale(self, column):
+        stage = column[STAGE]
+        if stage != self._ready:
+            if stage == self._unscaled:
+                raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
+                                   "Call it once per optimizer per iteration and pass the gradients it returned to "
+                                   "step(); with several optimizers give each its own key.")
+            raise RuntimeError("unscale_() is being called after step(). Call unscale_() before step() (step() "
+                               "has already unscaled and applied these gradients), or update() first.")
+        return stage
+
+    def scaled_gradients_code(self, column, fingerprint, scale):
+        """step() after unscale_(): SCALED_GRADIENTS if ``fingerprint`` is that of the scaled gradients
+        unscale_() was given (only detectable while the scale is not 1), else 0."""
+        seen = column[FINGERPRINT]
+        scaled = ops.logical_and(ops.logical_and(fingerprint == seen, seen != self._zero), scale != self._one)
+        return ops.select(scaled, self._scaled_gradients, self._no_misuse)
+
+    def ready_code(self, slot, column, structure):
+        """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot
+        unscaled gradients of this ``structure`` in this iteration (they may be unscaled already); else 0."""
+        others = ops.logical_and(self.table[STAGE] == self._unscaled, self.table[STRUCTURE] == structure)
+        ambiguous = ops.logical_and(others, self._others[slot]).any()
+        code = ops.select(ambiguous, self._ambiguous, self._no_misuse)
+        return ops.select(column[STAGE] == self._stepped, self._step_twice, code)
+
+    @staticmethod
+    def raise_step_misuse(code):
+        """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
+        if code == STEP_TWICE:
+            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
+                               "iteration, after every optimizer's step(); with several optimizers give each its "
+                               "own key.")
+        if code == SCALED_GRADIENTS:
+            raise RuntimeError("step() got the scaled gradients that unscale_() was given for this optimizer. In "
+                               "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
+                               "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads).")
+        if code == AMBIGUOUS:
+            raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
+                               "this iteration, so they may be unscaled already: pass the same key to unscale_() "
+                               "and step() for one optimizer, or call unscale_() for this key too.")
+        return code
+
+    def refuse_update_without_checks(self):
+        """PyTorch: update() needs an unscale_() or step() since the last update()."""
+        if (self.table[STAGE] == self._ready).all():
+            raise AssertionError("No inf checks were recorded prior to update(): call step() (or unscale_()) for "
+                                 "each optimizer before update().")
+        return self.table
+
+    # ---- graph: records (one whole-table write each) ---------------------------------------------
+    def _write(self, where, values):
+        """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
+        return ops.assign(self.table, ops.select(where, ops.broadcast_to(values, self.table.shape), self.table))
+
+    def record_loss(self, loss_flag):
+        """A non-finite scaled loss this iteration makes every later decision an overflow."""
+        bad = ops.select(ops.isfinite(loss_flag), self._zero, self._one)
+        return self._write(ops.logical_and(self._loss_row, bad > self._zero), bad)
+
+    def record_unscale(self, slot, found, fingerprint, structure):
+        values = ops.stack([self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32),
+                            self._zero]).reshape((5, 1))
+        return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
+
+    def record_step(self, slot, found, code):
+        """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
+        whether the optimizer is skipped (an overflow, or a refusal)."""
+        refused = code != self._no_misuse
+        values = ops.stack([self._stepped, found, self._zero, self._zero, self._zero]).reshape((5, 1))
+        where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
+        done = self._write(where, values)
+        return ops.depend(ops.logical_or(refused, found > self._zero), done)
+
+    def reset(self, keep=None):
+        """A new iteration: every slot READY, no overflow recorded. With ``keep`` (a bool scalar), only
+        where ``keep`` is False (branch-free)."""
+        where = self._iteration_rows if keep is None else ops.logical_and(self._iteration_rows,
+                                                                           ops.logical_not(keep))
+        return self._write(where, self._zero)
 
     # ---- host ----------------------------------------------------------------------------------
     def between_iterations(self):
         """True when no unscale_() or step() happened since the last update() (one host sync)."""
-        return not self.stage.asnumpy().any() and not float(self.loss_nonfinite.asnumpy())
+        table = self.table.asnumpy()
+        return not table[STAGE].any() and not table[LOSS_NONFINITE].any()

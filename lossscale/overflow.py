@@ -337,7 +337,9 @@ class _ClearOnBackward(nn.Cell):
         return loss
 
     def bprop(self, loss, out, dout):
-        cleared = self.clear_status(ops.depend(initial_status(), dout))
+        # After the loss (the whole forward pass) and once the backward pass starts; ``dout`` alone may be a
+        # constant, which does not order the clear after the forward pass.
+        cleared = self.clear_status(ops.depend(ops.depend(initial_status(), loss), dout))
         return (ops.depend(dout, cleared),)
 
 

@@ -3,7 +3,7 @@
 Per call (one training step, no host sync inside the graph)::
 
     loss  = network(*inputs)
-    grads = d(loss * S)/d(weights)                      # backward seeded with S in the loss dtype
+    grads = d(loss * S)/d(weights)                      # backward started with S in the loss dtype
     grads = grads * (1 / S)                             # in float32, cast back to each grad's dtype
     grads = grad_reducer(grads)                         # all-reduce under data parallel
     flag  = the backend's check of grads                # lossscale.overflow; with clipping: the global norm

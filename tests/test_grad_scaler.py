@@ -456,7 +456,9 @@ def test_paddle_fixed_scale_skips_and_needs_no_update():
     assert scaler.get_scale() == 64.0 and not scaler.is_use_dynamic_loss_scaling()
 
 
-def test_non_finite_loss_skips_the_step_and_backs_off():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["step", "unscale_step"])
+def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
     scaler = GradScaler("cuda", init_scale=64.0)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
@@ -465,12 +467,23 @@ def test_non_finite_loss_skips_the_step_and_backs_off():
         return scaler.scale(net(x, y) + offset)
 
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def train_step(x, y, offset):
+        _, grads = grad_fn(x, y, offset)
+        if unscale_first:
+            grads = scaler.unscale_(grads)
+        skipped = scaler.step(opt, grads)
+        scaler.update()
+        return skipped
+
+    train_step = ms.jit(train_step) if compiled else train_step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     before = training_state(net)
-    _, grads = grad_fn(x, y, Tensor(np.float32(np.inf)))  # the gradients are finite, the loss is not
-    assert bool(scaler.step(opt, grads).asnumpy())
-    scaler.update()
+    assert bool(train_step(x, y, Tensor(np.float32(np.inf))).asnumpy())  # finite gradients, non-finite loss
     assert scaler.get_scale() == 32.0 and all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert not bool(train_step(x, y, Tensor(np.float32(0.0))).asnumpy())  # the next iteration starts clean
+    assert scaler.get_scale() == 32.0 and not all(np.array_equal(before[k], v)
+                                                  for k, v in training_state(net).items())
 
 
 # ---- regression tests of the 0.1.0 front-end ---------------------------------------------------------------

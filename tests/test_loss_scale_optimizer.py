@@ -1,5 +1,5 @@
 """LossScaleOptimizer, held to tf.keras' own loss_scale_optimizer_test.py (Keras 2, whose API it follows):
-the seed examples, the dynamic rule, skipped steps that still advance ``iterations``, float16 losses,
+the Keras documentation's examples, the dynamic rule, skipped steps that still advance ``iterations``, float16 losses,
 hyperparameter delegation, argument errors, nesting; plus the refusal of wrongly scaled gradients."""
 import warnings
 
@@ -30,14 +30,14 @@ def _value(opt_or_param):
     return float(opt_or_param.asnumpy())
 
 
-def test_seed_minimize_example():
+def test_keras_docs_minimize_example():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
     assert not bool(opt.minimize(model).asnumpy())
     assert _value(model.var) == 0.5
 
 
-def test_seed_manual_example_with_keras_pairs():
+def test_keras_docs_manual_example_with_keras_pairs():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
     opt.minimize(model)
