@@ -1,0 +1,172 @@
+"""lossscale's PyTorch spelling against torch.amp.GradScaler itself, run side by side (needs torch).
+
+The same model, data and injected infs in both frameworks: the scale after every update, which
+iterations are skipped, the weights, ``state_dict()``, a state moved from PyTorch to lossscale, and
+PyTorch's errors. Skipped when torch is not installed (CI installs the CPU wheel when it can).
+"""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+from lossscale import GradScaler
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.reference
+
+INJECTED = {2, 5, 6}  # iterations whose input holds an inf
+CLIP = 0.5
+
+
+def _data(count, seed=3):
+    rng = np.random.RandomState(seed)
+    batches = []
+    for i in range(count):
+        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
+        if i in INJECTED:
+            x[1, 2] = np.inf
+        batches.append((x, y))
+    return batches
+
+
+def _weight():
+    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+
+
+class TorchRun:
+    """torch.amp.GradScaler on a bias-free Linear with MSE and SGD (CPU, float32)."""
+
+    def __init__(self, clip, **scaler_args):
+        self.model = torch.nn.Linear(4, 3, bias=False)
+        with torch.no_grad():
+            self.model.weight.copy_(torch.from_numpy(_weight()))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        self.scaler = torch.amp.GradScaler("cpu", **scaler_args)
+        self.clip = clip
+
+    def iteration(self, x, y):
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(self.model(torch.from_numpy(x)), torch.from_numpy(y))
+        self.scaler.scale(loss).backward()
+        if self.clip:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def weight(self):
+        return self.model.weight.detach().numpy().copy()
+
+
+class LossScaleRun:
+    """lossscale.GradScaler (PyTorch's spelling) on the same model, in one mindspore.jit step."""
+
+    def __init__(self, clip, **scaler_args):
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
+        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=0.05)
+        self.scaler = GradScaler("cuda", **scaler_args)
+        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
+        scaler = self.scaler
+
+        def forward(x, y):
+            return scaler.scale(loss_net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, self.optimizer.parameters)
+        optimizer = self.optimizer
+
+        @ms.jit
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            if clip:
+                grads = ops.clip_by_global_norm(scaler.unscale_(grads), CLIP)
+            skipped = scaler.step(optimizer, grads)
+            scaler.update()
+            return skipped
+
+        self.train_step = train_step
+
+    def iteration(self, x, y):
+        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+
+    def weight(self):
+        return self.net.weight.asnumpy().copy()
+
+
+@pytest.mark.parametrize("clip", [False, True], ids=["basic", "unscale_clip"])
+def test_same_scales_skips_weights_and_state_as_pytorch(clip):
+    theirs, ours = TorchRun(clip, init_scale=2.0**10, growth_interval=2), LossScaleRun(clip, init_scale=2.0**10,
+                                                                                       growth_interval=2)
+    for i, (x, y) in enumerate(_data(10)):
+        before = ours.weight()
+        theirs.iteration(x, y)
+        skipped = ours.iteration(x, y)
+        assert skipped == (i in INJECTED) and np.array_equal(before, ours.weight()) == skipped, i
+        assert ours.scaler.get_scale() == theirs.scaler.get_scale(), i
+        np.testing.assert_allclose(ours.weight(), theirs.weight(), rtol=2e-5, atol=1e-6, err_msg=str(i))
+    assert ours.scaler.state_dict() == theirs.scaler.state_dict()
+
+
+def test_pytorch_state_continues_identically_in_lossscale():
+    theirs, ours = TorchRun(False, init_scale=2.0**12, growth_interval=3), LossScaleRun(False)
+    data = _data(10)
+    for x, y in data[:4]:
+        theirs.iteration(x, y)
+    ours.scaler.load_state_dict(theirs.scaler.state_dict())
+    ours.net.weight.set_data(Tensor(theirs.weight()))
+    for x, y in data[4:]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+        assert ours.scaler.get_scale() == theirs.scaler.get_scale()
+    assert ours.scaler.state_dict() == theirs.scaler.state_dict()
+
+
+def test_the_same_errors_as_pytorch():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    net = nn.Dense(2, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    grads = (Tensor(np.ones((1, 2), np.float32)), Tensor(np.ones(1, np.float32)))
+
+    def torch_misuse(kind):
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+        if kind == "unscale_twice":
+            scaler.unscale_(optimizer)
+            scaler.unscale_(optimizer)
+        elif kind == "step_twice":
+            scaler.step(optimizer)
+            scaler.step(optimizer)
+        elif kind == "unscale_after_step":
+            scaler.step(optimizer)
+            scaler.unscale_(optimizer)
+        else:
+            scaler.update()
+
+    def our_misuse(kind):
+        scaler = GradScaler("cpu")
+        if kind == "unscale_twice":
+            scaler.unscale_(scaler.unscale_(grads))
+        elif kind == "step_twice":
+            scaler.step(opt, grads)
+            scaler.step(opt, grads)
+        elif kind == "unscale_after_step":
+            scaler.step(opt, grads)
+            scaler.unscale_(grads)
+        else:
+            scaler.update()
+
+    for kind in ("unscale_twice", "step_twice", "unscale_after_step", "update_without_step"):
+        with pytest.raises((RuntimeError, AssertionError)) as expected:
+            torch_misuse(kind)
+        with pytest.raises(type(expected.value)) as got:
+            our_misuse(kind)
+        assert str(got.value).startswith(str(expected.value).rstrip(".")), kind
+    for bad in ({"growth_factor": 1.0}, {"backoff_factor": 1.0}):
+        with pytest.raises(AssertionError):
+            torch.amp.GradScaler("cpu", **bad)
+        with pytest.raises(AssertionError):
+            GradScaler("cpu", **bad)
+    assert GradScaler("cpu", enabled=False).state_dict() == torch.amp.GradScaler("cpu", enabled=False).state_dict()
+    for scaler in (GradScaler("cpu"), torch.amp.GradScaler("cpu")):
+        with pytest.raises(RuntimeError, match="The source state dict is empty"):
+            scaler.load_state_dict({})
