@@ -86,17 +86,24 @@ def build_lossscale(model, level):
                                loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16))
 
 
-def build_ms_jit(model, level):
+def _scaled_grad_fn(scaler, model, level):
+    """``(value_and_grad of scaler.scale(loss), optimizer)`` on the plain variant's network."""
     import mindspore as ms
 
     plain = build_plain(model, level)
     network_with_loss, optimizer = plain.network, plain.optimizer
-    scaler = ms.amp.DynamicLossScaler(scale_value=2**16, scale_factor=2, scale_window=2000)
 
     def forward(x, y):
         return scaler.scale(network_with_loss(x, y))
 
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+    return ms.value_and_grad(forward, None, optimizer.parameters), optimizer
+
+
+def build_ms_jit(model, level):
+    import mindspore as ms
+
+    scaler = ms.amp.DynamicLossScaler(scale_value=2**16, scale_factor=2, scale_window=2000)
+    grad_fn, optimizer = _scaled_grad_fn(scaler, model, level)
 
     @ms.jit
     def train_step(x, y):
@@ -125,14 +132,8 @@ def _gradscaler_step(scaler_class, model, level):
     """A PyTorch-style compiled step with ``scaler_class(init_scale=2**16)`` (no unscale_ call)."""
     import mindspore as ms
 
-    plain = build_plain(model, level)
-    network_with_loss, optimizer = plain.network, plain.optimizer
     scaler = scaler_class(init_scale=2.0**16)
-
-    def forward(x, y):
-        return scaler.scale(network_with_loss(x, y))
-
-    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+    grad_fn, optimizer = _scaled_grad_fn(scaler, model, level)
 
     @ms.jit
     def train_step(x, y):
