@@ -1,15 +1,25 @@
 """lossscale: safe float16 loss scaling for MindSpore on every backend."""
+import os
+import re
+
 from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "lossscale", "__init__.py"), encoding="utf-8") as handle:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', handle.read(), re.M).group(1)
 
 setup(
     name="lossscale",
-    version="0.1.0",
+    version=VERSION,
     description="Loss scaling for float16 mixed-precision training with MindSpore on CPU, GPU and Ascend",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["lossscale", "lossscale.*", "models", "models.*"]),
-    package_data={"models": ["data/*.csv.gz", "data/*.md", "data/*.txt"]},
+    # The repository's models/ folder (demo networks and data) is installed as lossscale_models: nothing
+    # goes under a generic top-level name that a user's own models.py or models/ would clash with.
+    packages=find_packages(include=["lossscale", "lossscale.*"]) + ["lossscale_models"],
+    package_dir={"lossscale_models": "models"},
+    package_data={"lossscale_models": ["data/*.csv.gz", "data/*.md", "data/*.txt"]},
     install_requires=[
         "mindspore>=2.3,<2.12",
         "numpy>=1.21,<2",

@@ -16,7 +16,7 @@ LEVELS = ("O0", "O2", "O3")
 
 def make_network(model):
     """The benchmark networks: MLP 784-1024-1024-10 and LeNet5 on 1x32x32."""
-    from models import MLP, LeNet5
+    from lossscale_models import MLP, LeNet5
 
     return MLP(784, 1024, 2) if model == "mlp" else LeNet5()
 

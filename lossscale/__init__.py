@@ -14,38 +14,46 @@ Layers (see docs/design.md):
   front-ends (with :mod:`lossscale.optimizer_states`); :mod:`lossscale.presets`: other libraries' rules;
 - :mod:`lossscale.monitor`: the ``LossScaleMonitor`` callback;
 - :mod:`lossscale.diagnostics`, :mod:`lossscale.plots`, :mod:`lossscale.cli`: the command line.
+
+The public names are imported on first use (``lossscale.GradScaler`` imports MindSpore then), so
+``python -m lossscale --help`` answers without loading MindSpore.
 """
-from lossscale.grad_scaler import GradScaler, TorchGradScaler
-from lossscale.integration import Model, build_train_network
-from lossscale.loss_scale_optimizer import LossScaleOptimizer
-from lossscale.managers import DynamicLossScaleManager, FixedLossScaleManager
-from lossscale.monitor import LossScaleMonitor
-from lossscale.overflow import choose_overflow_check
-from lossscale.policy import LossScalePolicy, LossScaleState
-from lossscale.presets import PRESET_NAMES, get_preset
-from lossscale.scaler import LossScaler
-from lossscale.train_cell import PersistentOverflowError, TrainOneStepWithLossScaleCell
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = [
-    "DynamicLossScaleManager",
-    "DynamicLossScaleUpdateCell",
-    "FixedLossScaleManager",
-    "FixedLossScaleUpdateCell",
-    "GradScaler",
-    "LossScaleOptimizer",
-    "LossScaleMonitor",
-    "LossScalePolicy",
-    "LossScaleState",
-    "LossScaler",
-    "Model",
-    "PersistentOverflowError",
-    "TorchGradScaler",
-    "TrainOneStepWithLossScaleCell",
-    "PRESET_NAMES",
-    "build_train_network",
-    "choose_overflow_check",
-    "get_preset",
-]
+_EXPORTS = {
+    "DynamicLossScaleManager": "lossscale.managers",
+    "DynamicLossScaleUpdateCell": "lossscale.update_cells",
+    "FixedLossScaleManager": "lossscale.managers",
+    "FixedLossScaleUpdateCell": "lossscale.update_cells",
+    "GradScaler": "lossscale.grad_scaler",
+    "LossScaleMonitor": "lossscale.monitor",
+    "LossScaleOptimizer": "lossscale.loss_scale_optimizer",
+    "LossScalePolicy": "lossscale.policy",
+    "LossScaleState": "lossscale.policy",
+    "LossScaler": "lossscale.scaler",
+    "Model": "lossscale.integration",
+    "PRESET_NAMES": "lossscale.presets",
+    "PersistentOverflowError": "lossscale.bookkeeping",
+    "TorchGradScaler": "lossscale.grad_scaler",
+    "TrainOneStepWithLossScaleCell": "lossscale.train_cell",
+    "build_train_network": "lossscale.integration",
+    "choose_overflow_check": "lossscale.overflow",
+    "get_preset": "lossscale.presets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lossscale' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,17 +1,26 @@
-"""``LossScaleMonitor``: a MindSpore callback that records loss scaling step by step.
+"""``LossScaleMonitor``: a MindSpore callback that records loss scaling optimizer step by optimizer step.
 
-It reads the ``(loss, overflow, loss_scale)`` outputs of the train network, which
-``Model`` hands to callbacks anyway, so it adds no device work; converting those
-three scalars to Python numbers syncs the host once per step.
+It reads the train network's outputs, which ``Model`` hands to callbacks anyway: ``(loss,
+overflow, loss_scale)`` from lossscale's or MindSpore's cell, ``(loss, overflow)`` or just the
+loss from cells in the style of mindcv and mindone, whose scale it then reads from the cell's
+``scale_sense`` Parameter. Under gradient accumulation it records one row per optimizer step
+(the window), not per micro-batch. Converting the scalars to Python numbers syncs the host once
+per call.
 """
 import csv
 import math
+import numbers
+import os
 import sys
 
 import numpy as np
+from mindspore import Tensor
 from mindspore.train import Callback
 
-FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
+from lossscale._text import format_scale
+from lossscale._validation import check_bool
+
+FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "next_loss_scale")
 
 
 def _scalar(value):
@@ -21,56 +30,122 @@ def _scalar(value):
     return float(np.asarray(value).reshape(-1)[0])
 
 
+def cell_loss_scale(train_network):
+    """The scale a train cell holds now (its ``scale_sense`` Parameter or Tensor), or None (one sync).
+
+    Example:
+        >>> cell_loss_scale(object()) is None
+        True
+    """
+    scale = getattr(train_network, "scale_sense", None)
+    if isinstance(scale, Tensor):
+        return _scalar(scale)
+    if isinstance(scale, numbers.Real):
+        return float(scale)
+    return None
+
+
+def _accumulation_window(train_network):
+    """``(micro-step Parameter, steps)`` of a lossscale train cell that accumulates, else None."""
+    window = getattr(train_network, "accumulation", None)
+    if window is None or getattr(train_network, "accumulation_steps", 1) <= 1:
+        return None
+    return window.micro_step, train_network.accumulation_steps
+
+
+def _check_csv_path(csv_path):
+    if csv_path is not None and (isinstance(csv_path, bool) or not isinstance(csv_path, (str, os.PathLike))):
+        raise TypeError(f"'csv_path' must be a file path (str or os.PathLike) or None, but got {csv_path!r} of type "
+                        f"{type(csv_path).__name__}.")
+    return csv_path
+
+
+def _check_stream(stream):
+    if stream is not None and not callable(getattr(stream, "write", None)):
+        raise TypeError(f"'stream' must have a write() method (a text file) or be None, but got "
+                        f"{type(stream).__name__}.")
+    return stream
+
+
 class LossScaleMonitor(Callback):
-    """Record, per training step, the loss, the loss scale, the overflow flag and the running skip count.
+    """Record, per optimizer step, the loss, the loss scale used, the overflow flag and the skip count.
 
     Works with any train network whose outputs are ``(loss, overflow, loss_scale)``
-    (:class:`lossscale.TrainOneStepWithLossScaleCell`, MindSpore's own cell);
-    with a plain ``TrainOneStepCell`` it records the loss with scale 1 and no overflow.
+    (:class:`lossscale.TrainOneStepWithLossScaleCell`, MindSpore's own cell), ``(loss, overflow)``
+    or the loss alone; a missing scale is read from the cell's ``scale_sense`` (1.0 if it has
+    none, as a plain ``TrainOneStepCell``), a missing overflow flag counts as no overflow.
 
     Args:
-        csv_path (str, optional): write the records there at the end of training.
+        csv_path (str or os.PathLike, optional): write the records there at the end of training.
         print_summary (bool): print a one-paragraph summary at the end. Default True.
-        stream: where the summary goes (default ``sys.stdout``).
+        stream: a text file for the summary (default ``sys.stdout``).
 
     Attributes:
-        records (list[dict]): one dict per step with keys :data:`FIELDS`.
+        records (list[dict]): one dict per optimizer step with keys :data:`FIELDS`: ``loss_scale``
+            is the scale the step used, ``next_loss_scale`` the one after its update. Under
+            accumulation a row is one window: the mean of its micro-batch losses and the window's
+            decision.
         device_counters (dict or None): at the end of training, the train cell's in-graph
             counters (:meth:`lossscale.TrainOneStepWithLossScaleCell.overflow_counters`).
 
-    Host syncs: one per step (three scalars read together).
+    Host syncs: one per call (the outputs read together, plus the micro step under accumulation).
 
     Example:
         >>> monitor = LossScaleMonitor(print_summary=False)
-        >>> monitor.record(epoch=1, loss=0.5, loss_scale=1024.0, overflow=True)
-        >>> monitor.summary()["skipped_steps"]
-        1
+        >>> monitor.record(epoch=1, loss=0.5, loss_scale=1024.0, overflow=True, next_loss_scale=512.0)
+        >>> monitor.summary()["skipped_steps"], monitor.summary()["max_loss_scale"]
+        (1, 1024.0)
     """
 
     def __init__(self, csv_path=None, print_summary=True, stream=None):
         super().__init__()
-        self.csv_path = csv_path
-        self.print_summary = print_summary
-        self.stream = stream
+        self.csv_path = _check_csv_path(csv_path)
+        self.print_summary = check_bool("print_summary", print_summary)
+        self.stream = _check_stream(stream)
         self.records = []
         self.device_counters = None
+        self._scale_before = None
+        self._window_losses = []
 
     # ---- recording -------------------------------------------------------------------------
-    def record(self, epoch, loss, loss_scale, overflow):
-        """Append one step (also usable from a custom training loop)."""
+    def record(self, epoch, loss, loss_scale, overflow, next_loss_scale=None):
+        """Append one optimizer step (also usable from a custom training loop)."""
         skipped = (self.records[-1]["skipped_steps"] if self.records else 0) + int(bool(overflow))
+        scale = _scalar(loss_scale)
         self.records.append({"step": len(self.records) + 1, "epoch": int(epoch), "loss": _scalar(loss),
-                             "loss_scale": _scalar(loss_scale), "overflow": bool(overflow),
-                             "skipped_steps": skipped})
+                             "loss_scale": scale, "overflow": bool(overflow), "skipped_steps": skipped,
+                             "next_loss_scale": scale if next_loss_scale is None else _scalar(next_loss_scale)})
+
+    def on_train_begin(self, run_context):
+        self._scale_before = cell_loss_scale(getattr(run_context.original_args(), "train_network", None))
+        self._window_losses = []
 
     def on_train_step_end(self, run_context):
         params = run_context.original_args()
-        outputs = params.net_outputs
-        if isinstance(outputs, (tuple, list)) and len(outputs) >= 3:
-            loss, overflow, scale = outputs[0], bool(_scalar(outputs[1])), outputs[2]
+        train_network = getattr(params, "train_network", None)
+        loss, overflow, after = self._read_outputs(params.net_outputs, train_network)
+        window = _accumulation_window(train_network)
+        if window is not None:
+            self._window_losses.append(_scalar(loss))
+            if int(window[0].asnumpy()) != 0:  # inside a window: its optimizer step comes later
+                return
+            loss, self._window_losses = float(np.mean(self._window_losses)), []
+        before = after if self._scale_before is None else self._scale_before
+        self.record(params.cur_epoch_num, loss, before, overflow, after)
+        self._scale_before = after
+
+    @staticmethod
+    def _read_outputs(outputs, train_network):
+        """``(loss, overflow, scale after the step)`` from the outputs, completed from the cell."""
+        if isinstance(outputs, (tuple, list)):
+            loss = outputs[0]
+            overflow = bool(_scalar(outputs[1])) if len(outputs) >= 2 else False
+            scale = _scalar(outputs[2]) if len(outputs) >= 3 else None
         else:
-            loss, overflow, scale = outputs, False, 1.0
-        self.record(params.cur_epoch_num, loss, scale, overflow)
+            loss, overflow, scale = outputs, False, None
+        if scale is None:
+            scale = cell_loss_scale(train_network)
+        return loss, overflow, 1.0 if scale is None else scale
 
     def on_train_end(self, run_context):
         train_network = getattr(run_context.original_args(), "train_network", None)
@@ -83,8 +158,9 @@ class LossScaleMonitor(Callback):
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self):
-        """Totals: steps, skipped steps, overflow events (runs of consecutive overflows), min/max/final scale."""
-        scales = [r["loss_scale"] for r in self.records]
+        """Totals: steps, skipped steps, overflow events (runs of consecutive overflows), the smallest and
+        largest scale a step used, the scale after the last step, the last finite loss."""
+        used = [r["loss_scale"] for r in self.records]
         flags = [r["overflow"] for r in self.records]
         events = sum(1 for i, flag in enumerate(flags) if flag and (i == 0 or not flags[i - 1]))
         finite_losses = [r["loss"] for r in self.records if math.isfinite(r["loss"])]
@@ -92,21 +168,21 @@ class LossScaleMonitor(Callback):
             "steps": len(self.records),
             "skipped_steps": sum(flags),
             "overflow_events": events,
-            "min_loss_scale": min(scales) if scales else None,
-            "max_loss_scale": max(scales) if scales else None,
-            "final_loss_scale": scales[-1] if scales else None,
+            "min_loss_scale": min(used) if used else None,
+            "max_loss_scale": max(used) if used else None,
+            "final_loss_scale": self.records[-1]["next_loss_scale"] if self.records else None,
             "final_loss": finite_losses[-1] if finite_losses else None,
         }
 
     def format_summary(self):
-        """The summary as a short human-readable paragraph."""
+        """The summary as a short human-readable paragraph (scales that are powers of two as ``2**k``)."""
         s = self.summary()
         if not s["steps"]:
             return "loss scaling: no steps recorded"
         share = 100.0 * s["skipped_steps"] / s["steps"]
         text = (f"loss scaling: {s['steps']} steps, {s['skipped_steps']} skipped ({share:.1f}%) in "
-                f"{s['overflow_events']} overflow events; scale min {s['min_loss_scale']:g}, "
-                f"max {s['max_loss_scale']:g}, final {s['final_loss_scale']:g}")
+                f"{s['overflow_events']} overflow events; scale min {format_scale(s['min_loss_scale'])}, "
+                f"max {format_scale(s['max_loss_scale'])}, final {format_scale(s['final_loss_scale'])}")
         if self.device_counters:
             c = self.device_counters
             text += (f"\ndevice counters: {c['steps']} optimizer steps, {c['skipped_steps']} skipped, "
@@ -116,7 +192,7 @@ class LossScaleMonitor(Callback):
 
     def write_csv(self, path):
         """Write :attr:`records` as CSV with the columns :data:`FIELDS`."""
-        with open(path, "w", newline="", encoding="utf-8") as handle:
+        with open(_check_csv_path(path), "w", newline="", encoding="utf-8") as handle:
             writer = csv.DictWriter(handle, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(self.records)

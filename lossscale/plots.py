@@ -35,15 +35,21 @@ def _draw_scale(axis, records, label=None, color=None):
     axis.set_ylabel("loss scale")
 
 
+def _legend(axis):
+    """A legend if something on ``axis`` has a label (matplotlib warns about an empty one)."""
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(loc="best")
+
+
 def _finish(plt, figure, top, bottom, title, path, legend_top):
     """Shared tail of the two-panel plots: labels, legends, save, close."""
     top.set_yscale("log")
     top.set_ylabel("training loss")
     top.set_title(title)
     if legend_top:
-        top.legend(loc="best")
+        _legend(top)
     bottom.set_xlabel("step")
-    bottom.legend(loc="best")
+    _legend(bottom)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -90,7 +96,7 @@ def plot_histogram(log2_magnitudes, scale, path, title):
     axis.set_xlabel(f"log2 |gradient x scale|   (scale = 2^{shift:g})")
     axis.set_ylabel("elements")
     axis.set_title(title)
-    axis.legend(loc="upper left")
+    _legend(axis)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

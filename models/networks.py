@@ -15,7 +15,7 @@ import math
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Normal, initializer
 
-from models.data import NUM_CLASSES
+from .data import NUM_CLASSES
 
 
 def _dense(in_features, out_features, seed_std=None):

@@ -1,42 +1,60 @@
-"""The command line: 1-epoch runs of train/compare/inspect, their files, and one-line errors with exit code 2."""
+"""The command line: short runs of train/compare/inspect, their files and reports, the help, and one-line
+errors with exit code 2 for every kind of bad input."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
+import mindspore as ms
 import pytest
 
-from lossscale.cli import main, parse_loss_scale, CliError
+from lossscale.cli import EXIT_STALLED, EXIT_USAGE, CliError, build_parser, main, parse_loss_scale
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
 
 
-def _one_error_line(capsys, pattern):
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("lossscale: error: "), err
-    assert pattern in err[0]
+def _one_error_line(capsys, pattern, prefix="lossscale: error: "):
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[")]
+    assert len(err) == 1 and err[0].startswith(prefix), err
+    assert pattern in err[0], err[0]
+
+
+def _cli(arguments, cwd, timeout=300):
+    """``python -m lossscale ...`` in a fresh process started in ``cwd``."""
+    return subprocess.run([sys.executable, "-m", "lossscale", *arguments], capture_output=True, text=True,
+                          timeout=timeout, check=False, cwd=cwd)
 
 
 def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert main(["train", *TINY, "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "test accuracy:" in out and "loss scaling:" in out and "skipped" in out
+    assert "test accuracy:" in out and "loss scaling:" in out and "max 2**24" in out
     with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 1438 // 128
     assert [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert float(rows[0]["loss_scale"]) == 2.0**24  # the scale the first step used, before any update
+    assert all(float(a["next_loss_scale"]) == float(b["loss_scale"]) for a, b in zip(rows, rows[1:]))
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["summary"]["steps"] == len(rows)
+    assert summary["summary"]["steps"] == len(rows) and summary["summary"]["max_loss_scale"] == 2.0**24
     assert summary["config"]["loss_scale"] == "dynamic" and 0.0 <= summary["test_accuracy"] <= 1.0
     assert summary["summary"]["skipped_steps"] == sum(r["overflow"] == "True" for r in rows)
+    assert summary["stalled_by_overflow"] is False
     assert (tmp_path / "training.png").stat().st_size > 10_000
+    assert main(["train", *TINY, "--output", str(tmp_path)]) == 0
+    assert f"note: replacing metrics.csv, summary.json, training.png in {tmp_path}" in capsys.readouterr().err
 
 
-def test_train_shows_a_progress_bar_with_scale_and_skips(tmp_path, capsys):
-    assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "256", "--output", str(tmp_path)]) == 0
+def test_train_shows_a_progress_bar_with_the_unweighted_loss_and_the_scale(tmp_path, capsys):
+    assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "256", "--loss-weight", "1e-4",
+                 "--output", str(tmp_path)]) == 0
     err = capsys.readouterr().err
-    assert "epoch 1/1" in err and "scale=" in err and "skipped=" in err
+    assert "epoch 1/1" in err and "scale=2**" in err and "skipped=" in err
+    losses = [float(v) for v in re.findall(r"loss=([0-9.]+)", err)]
+    assert losses and min(losses) > 0.1  # the cross-entropy, not the loss times 1e-4
 
 
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):
@@ -47,42 +65,100 @@ def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypa
     assert not (tmp_path / "training.png").exists() and (tmp_path / "metrics.csv").exists()
 
 
+def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
+    too_large = ["train", *TINY, "--loss-scale", "fixed:1e10"]
+    assert main([*too_large, "--output", str(tmp_path / "warn")]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: overflow stalled training: 11 of 11 steps (100%) were skipped" in err
+    assert json.loads((tmp_path / "warn" / "summary.json").read_text())["stalled_by_overflow"] is True
+    assert main([*too_large, "--overflow-policy", "raise", "--max-consecutive-overflows", "3",
+                 "--output", str(tmp_path / "raise")]) == EXIT_STALLED
+    _one_error_line(capsys, "3 consecutive overflowing steps", prefix="lossscale: training stopped: ")
+
+
+GPU = "GPU is available" if ms.hal.is_available("GPU") else None
+
+
 @pytest.mark.parametrize("arguments, pattern", [
     (["train", "--model", "vgg"], "unknown model 'vgg'"),
     (["train", "--loss-scale", "fixed:abc"], "fixed:S needs a finite number S >= 1, but got 'abc'"),
     (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
     (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
     (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
-    (["train", "--epochs", "0"], "--epochs"),
+    (["train", "--epochs", "0"], "--epochs: must be a positive integer, got '0'"),
+    (["train", "--epochs", "1.5"], "--epochs: must be a positive integer, got '1.5'"),
+    (["train", "--batch-size", "-3"], "--batch-size: must be a positive integer"),
+    (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
     (["train", "--precision", "fp8"], "--precision"),
+    (["train", "--lr", "-1"], "--lr: must be a finite number > 0, got '-1'"),
+    (["train", "--lr", "nan"], "--lr: must be a finite number > 0, got 'nan'"),
+    (["train", "--lr", "inf"], "--lr: must be a finite number > 0, got 'inf'"),
+    (["train", "--seed", "-1"], "--seed: must be an integer in [0, 2**32-1], got '-1'"),
+    (["train", "--seed", "4294967296"], "--seed: must be an integer in [0, 2**32-1]"),
+    (["train", "--loss-weight", "0"], "--loss-weight: must be a finite number > 0"),
+    (["train", "--scale-window", "0"], "--scale-window: must be a positive integer"),
+    (["train", "--workers", "0"], "--workers: must be a positive integer"),
+    (["train", "--overflow-policy", "ignore"], "--overflow-policy"),
+    (["train", "--max-consecutive-overflows", "0"], "--max-consecutive-overflows: must be a positive integer"),
+    (["train", "--device", "TPU"], "--device"),
+    pytest.param(["train", "--device", "GPU"], "--device GPU is not available", marks=pytest.mark.skipif(
+        GPU is not None, reason="this machine has a GPU")),
     (["compare", "--model", "vgg"], "unknown model"),
-    (["inspect", "--scale", "0"], "--scale must be a finite number > 0"),
+    (["compare", "--precision", "fp32"], "--precision: invalid choice: 'fp32'"),
+    (["compare", "--fixed-scale", "0.5"], "--fixed-scale: must be a finite number >= 1"),
+    (["inspect", "--scale", "0"], "--scale: must be a finite number > 0, got '0'"),
+    (["inspect", "--precision", "O0"], "--precision: invalid choice: 'O0'"),
+    (["inspect", "--epochs", "-1"], "--epochs: must be an integer >= 0, got '-1'"),
+    (["inspect", "--batches", "0"], "--batches: must be a positive integer"),
+    (["inspect", "--loss-scale", "dynamic"], "unrecognized arguments: --loss-scale"),
     (["fly"], "invalid choice"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(arguments, pattern, capsys, tmp_path):
-    assert main([*arguments, "--output", str(tmp_path)] if arguments != ["fly"] else arguments) == 2
+    assert main([*arguments, "--output", str(tmp_path)] if arguments != ["fly"] else arguments) == EXIT_USAGE
     _one_error_line(capsys, pattern)
 
 
 def test_unwritable_output_folder(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
-    assert main(["train", *TINY, "--output", str(blocker / "sub")]) == 2
+    assert main(["train", *TINY, "--output", str(blocker / "sub")]) == EXIT_USAGE
     _one_error_line(capsys, "cannot write to output folder")
 
 
-def test_compare_prints_the_table_and_saves_files(tmp_path, capsys):
-    assert main(["compare", *TINY, "--loss-weight", "1e-4", "--output", str(tmp_path)]) == 0
+def test_help_shows_each_commands_own_defaults():
+    helps = {command: build_parser()._subparsers._group_actions[0].choices[command].format_help()  # pylint: disable=protected-access
+             for command in ("train", "compare", "inspect")}
+    flat = {command: " ".join(text.split()) for command, text in helps.items()}
+    assert "(default: 0.0001)" in flat["compare"] and "(default: 1.0)" in flat["train"]  # --loss-weight
+    for command in ("train", "compare", "inspect"):
+        assert "initialisation and data order (default: 0)" in flat[command]
+        assert "images per step" in flat[command] and "(default: 32)" in flat[command]
+    assert "passes over the 1438 training images (default: 6)" in flat["train"]
+    assert "passes over the 1438 training images (default: 3)" in flat["compare"]
+    assert "(0: the untrained network only) (default: 0)" in flat["inspect"]
+    assert "--scale-window" not in flat["inspect"] and "--loss-scale" not in flat["inspect"]
+    assert "{O2,O3}" in flat["compare"] and "{O2,O3}" in flat["inspect"]
+
+
+def test_compare_prints_the_table_and_writes_the_results_page(tmp_path, capsys):
+    page = tmp_path / "docs" / "results.md"
+    assert main(["compare", *TINY, "--output", str(tmp_path / "run"), "--results", str(page)]) == 0
     out = capsys.readouterr().out
     table = out[out.index("run "):].splitlines()
     assert [line.split()[0] for line in table[2:6]] == ["fp32", "fp16", "fp16", "fp16"]
-    assert "dynamic scaling vs fp32" in out
-    results = json.loads((tmp_path / "compare.json").read_text())
+    assert re.search(r"fp16 dynamic reaches [0-9.]+% test accuracy, .* fp32 \([0-9.]+%\)", out)
+    results = json.loads((tmp_path / "run" / "compare.json").read_text())
     assert results["fp32"]["gradient_lost_fraction"] == 0.0
     # With a 1e-4 loss weight, fp16 without scaling loses gradient elements and dynamic scaling does not.
     assert results["fp16 no scaling"]["gradient_lost_fraction"] > 0.05
     assert results["fp16 dynamic"]["gradient_lost_fraction"] < results["fp16 no scaling"]["gradient_lost_fraction"]
-    assert (tmp_path / "compare.png").exists() and (tmp_path / "compare.txt").exists()
+    text = page.read_text()
+    for label, result in results.items():
+        row = f"| {label} | {100 * result['test_accuracy']:.2f} | "
+        assert row in text, row
+    assert "--model mlp --precision O3 --epochs 1 --batch-size 128" in text
+    for name in ("compare.png", "inspect-mlp.png"):
+        assert (page.parent / "images" / name).stat().st_size > 10_000
 
 
 def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys):
@@ -95,10 +171,29 @@ def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys)
     assert high["measured_lost_fraction"] < low["measured_lost_fraction"]
     assert low["largest_safe_scale"] == high["largest_safe_scale"] >= 65536
     assert (tmp_path / "s1" / "gradients.png").exists()
-    assert "largest safe static scale" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "at the untrained weights" in out and "Not a fixed scale to train with" in out
 
 
-def test_train_with_a_preset(tmp_path, capsys):
+def test_inspect_advice_holds_for_the_training_it_describes(tmp_path, capsys):
+    """The suggested fixed scale, measured along 3 epochs, trains those 3 epochs without a skipped step;
+    4x the suggestion (above the smallest largest-safe scale of the trajectory) skips some."""
+    common = ["--model", "mlp", "--epochs", "3", "--no-progress"]
+    assert main(["inspect", *common, "--output", str(tmp_path / "inspect")]) == 0
+    report = json.loads((tmp_path / "inspect" / "inspect.json").read_text())
+    suggested = report["suggested_fixed_scale"]
+    assert [epoch for epoch, _ in report["largest_safe_along_training"]] == [0, 1, 2, 3]
+    assert "Suggested fixed scale: 2**" in capsys.readouterr().out
+    skipped = {}
+    for factor in (1, 4):
+        output = tmp_path / f"train{factor}"
+        assert main(["train", *common, "--precision", "O2", "--loss-scale", f"fixed:{suggested * factor:g}",
+                     "--output", str(output)]) == 0
+        skipped[factor] = json.loads((output / "summary.json").read_text())["summary"]["skipped_steps"]
+    assert skipped[1] == 0 and skipped[4] > 0
+
+
+def test_train_with_a_preset(tmp_path):
     assert main(["train", *TINY, "--loss-scale", "preset:megatron", "--output", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["loss_scale"] == "preset:megatron"
@@ -113,12 +208,25 @@ def test_parse_loss_scale():
         parse_loss_scale("fixed:inf")
 
 
-def test_console_script_and_module_entry_points():
-    from importlib.metadata import entry_points
+def test_entry_points_version_and_no_clash_with_a_users_own_models(tmp_path):
+    """Run from a folder holding its own models.py and models/ (common in ML projects): lossscale's demo
+    networks are lossscale_models, so the user's code is neither imported nor shadowed."""
+    from importlib.metadata import distribution
 
-    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    scripts = {e.name: e.value for e in distribution("lossscale").entry_points if e.group == "console_scripts"}
     assert scripts.get("lossscale") == "lossscale.__main__:main"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-m", "lossscale", "train", "--help"], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=root, env=dict(os.environ, PYTHONPATH=root))
-    assert done.returncode == 0 and "--loss-scale" in done.stdout
+    (tmp_path / "models.py").write_text("raise ImportError('the user models.py was imported')\n")
+    (tmp_path / "data").mkdir()
+    done = _cli(["train", *TINY, "--output", "out"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "test accuracy:" in done.stdout and (tmp_path / "out" / "metrics.csv").exists()
+    version = _cli(["--version"], cwd=tmp_path)
+    assert version.returncode == 0 and re.fullmatch(r"lossscale \S+ \(MindSpore \S+\)\n", version.stdout)
+    assert sorted(os.listdir(tmp_path)) == ["data", "models.py", "out"]  # nothing written outside --output
+
+
+def test_module_help_answers_without_importing_mindspore():
+    code = ("import sys; from lossscale.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint('mindspore' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip().endswith("False") and "--loss-scale" in done.stdout

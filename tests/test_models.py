@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from models import MODELS, create_model, load_digits, make_dataset, to_layout, train_test_split
+from lossscale_models import MODELS, create_model, load_digits, make_dataset, to_layout, train_test_split
 
 
 def test_load_digits():

@@ -50,7 +50,9 @@ def test_monitor_inside_model_train(tmp_path, capsys):
     model.train(2, data, callbacks=[monitor])
     flags = [r["overflow"] for r in monitor.records]
     assert flags == [i % 5 == 1 for i in range(10)]  # row 13 is in the second batch of each epoch
-    assert [r["loss_scale"] for r in monitor.records] == [s.scale for s in run(manager.policy, flags)]
+    after = [s.scale for s in run(manager.policy, flags)]
+    assert [r["next_loss_scale"] for r in monitor.records] == after
+    assert [r["loss_scale"] for r in monitor.records] == [256.0] + after[:-1]  # the scale each step used
     assert [r["epoch"] for r in monitor.records] == [1] * 5 + [2] * 5
     assert "10 steps, 2 skipped" in capsys.readouterr().out
     with open(path, encoding="utf-8") as handle:
@@ -72,7 +74,7 @@ def test_monitor_with_a_plain_train_cell():
 
     monitor.on_train_step_end(Context)
     assert monitor.records == [{"step": 1, "epoch": 3, "loss": 0.25, "loss_scale": 1.0, "overflow": False,
-                                "skipped_steps": 0}]
+                                "skipped_steps": 0, "next_loss_scale": 1.0}]
 
 
 @pytest.mark.parametrize("value", [Tensor(np.array([2.5], np.float32)), np.float32(2.5), 2.5])
@@ -80,3 +82,73 @@ def test_record_accepts_tensors_numpy_and_floats(value):
     monitor = LossScaleMonitor(print_summary=False)
     monitor.record(1, value, value, False)
     assert monitor.records[0]["loss"] == monitor.records[0]["loss_scale"] == 2.5
+
+
+def _context(outputs, train_network, epoch=1):
+    class Args:
+        net_outputs = outputs
+        cur_epoch_num = epoch
+
+    Args.train_network = train_network
+
+    class Context:
+        @staticmethod
+        def original_args():
+            return Args
+
+    return Context
+
+
+class LossOnlyStep(nn.TrainOneStepWithLossScaleCell):
+    """mindcv's and mindone's style: MindSpore's cell subclassed, returning the loss (and the overflow flag)."""
+
+    def __init__(self, outputs):
+        super().__init__(nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss()), nn.SGD(nn.Dense(2, 1).trainable_params(),
+                                                                               0.1), Tensor(np.float32(1024.0)))
+        self.outputs = outputs
+
+
+@pytest.mark.parametrize("outputs", [Tensor(np.float32(0.5)), (Tensor(np.float32(0.5)), Tensor(True))],
+                         ids=["loss", "loss_overflow"])
+def test_scale_is_read_from_a_cell_that_does_not_return_it(outputs):
+    monitor = LossScaleMonitor(print_summary=False)
+    cell = LossOnlyStep(outputs)
+    monitor.on_train_begin(_context(None, cell))
+    monitor.on_train_step_end(_context(outputs, cell))
+    record = monitor.records[0]
+    assert record["loss_scale"] == record["next_loss_scale"] == 1024.0
+    assert record["overflow"] == isinstance(outputs, tuple)
+
+
+def test_one_row_per_optimizer_step_under_accumulation():
+    """4 micro-batches per step, an inf in windows 1 and 3 of 4: 2 of 4 optimizer steps skipped (50%), where
+    counting calls would give 2 of 16 (12.5%)."""
+    from lossscale import TrainOneStepWithLossScaleCell
+    from nets import regression_batches, regression_net
+
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
+                                         DynamicLossScaleManager(init_loss_scale=2**10).get_update_cell(),
+                                         accumulation_steps=4)
+    monitor = LossScaleMonitor(print_summary=False)
+    monitor.on_train_begin(_context(None, step))
+    for call, (x, y) in enumerate(regression_batches(16)):
+        if call in (2, 9):
+            x = x.copy()
+            x[0, 0] = np.inf
+        monitor.on_train_step_end(_context(step(Tensor(x), Tensor(y)), step))
+    assert [r["overflow"] for r in monitor.records] == [True, False, True, False]
+    assert [r["loss_scale"] for r in monitor.records] == [1024.0, 512.0, 512.0, 256.0]
+    assert "4 steps, 2 skipped (50.0%)" in monitor.format_summary()
+    assert step.overflow_counters()["skipped_steps"] == 2
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"csv_path": True}, "'csv_path' must be a file path"),
+    ({"csv_path": 3}, "'csv_path' must be a file path"),
+    ({"print_summary": "yes"}, "'print_summary' must be a bool"),
+    ({"stream": "stdout"}, "'stream' must have a write"),
+])
+def test_bad_arguments_are_refused(kwargs, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        LossScaleMonitor(**kwargs)

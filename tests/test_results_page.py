@@ -1,0 +1,71 @@
+"""docs/results.md is what its own command produces: the test reruns that command and compares the pages.
+
+The page names the command that wrote it (``lossscale compare ... --results docs/results.md``, about 50 s
+here). Rerun into a temporary folder, the fresh page must equal the committed one line by line, except
+the line naming the machine and the date. On the machine the page names (same CPU model and
+versions), every number must be equal: the runs are deterministic there. Elsewhere, CPU kernels round
+differently and training amplifies it, so numbers must agree within 1.5 plus 10% (accuracy points,
+percentages, losses, step counts), and everything else (the configuration, rows, scales' wording) must
+be equal.
+"""
+import os
+import re
+import shlex
+
+import pytest
+
+from lossscale.cli import main
+from lossscale.results import machine_description
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "results.md")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _command(text):
+    line = next(line.strip() for line in text.splitlines() if line.strip().startswith("python -m lossscale"))
+    return shlex.split(line)[3:]  # after "python -m lossscale"
+
+
+def _machine_line(text):
+    return next(line for line in text.splitlines() if line.startswith("on "))
+
+
+def _same_numbers(ours, theirs, exact):
+    if exact:
+        return ours == theirs
+    return all(abs(float(a) - float(b)) <= 1.5 + 0.1 * abs(float(b)) for a, b in zip(ours, theirs))
+
+
+def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, capsys):
+    with open(PAGE, encoding="utf-8") as handle:
+        committed = handle.read()
+    arguments = _command(committed)
+    assert arguments[0] == "compare" and arguments[-2:] == ["--results", "docs/results.md"]
+    fresh_page = tmp_path / "docs" / "results.md"
+    assert main([*arguments[:-2], "--no-progress", "--output", str(tmp_path / "run"),
+                 "--results", str(fresh_page)]) == 0
+    capsys.readouterr()
+    fresh = fresh_page.read_text().replace(str(fresh_page), "docs/results.md")
+    exact = machine_description() in _machine_line(committed)
+    committed_lines, fresh_lines = committed.splitlines(), fresh.splitlines()
+    assert len(committed_lines) == len(fresh_lines)
+    for old, new in zip(committed_lines, fresh_lines):
+        if old.startswith("on ") and new.startswith("on "):
+            continue  # the machine and the date
+        assert NUMBER.sub("#", old) == NUMBER.sub("#", new), (old, new)
+        assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact), (
+            f"docs/results.md no longer matches its command; regenerate it with "
+            f"python -m lossscale {' '.join(arguments)}\ncommitted: {old}\nfresh:     {new}")
+    for image in ("compare.png", "inspect-lenet5.png"):
+        assert (fresh_page.parent / "images" / image).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("old, new, exact, same", [
+    ("| fp32 | 81.89 |", "| fp32 | 81.89 |", True, True),
+    ("| fp32 | 81.89 |", "| fp32 | 82.17 |", True, False),
+    ("| fp32 | 81.89 |", "| fp32 | 82.17 |", False, True),
+    ("| fp32 | 81.89 |", "| fp32 | 93.00 |", False, False),
+])
+def test_number_comparison(old, new, exact, same):
+    assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact) == same
