@@ -14,14 +14,15 @@ setup(
     description="Loss scaling for float16 mixed-precision training with MindSpore on CPU, GPU and Ascend",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    # Tested: MindSpore 2.9.0 on Python 3.9 and MindSpore 2.10.0 on Python 3.11 (README, .ci/run).
+    python_requires=">=3.9,<3.12",
     # The repository's models/ folder (demo networks and data) is installed as lossscale_models: nothing
     # goes under a generic top-level name that a user's own models.py or models/ would clash with.
     packages=find_packages(include=["lossscale", "lossscale.*"]) + ["lossscale_models"],
     package_dir={"lossscale_models": "models"},
     package_data={"lossscale_models": ["data/*.csv.gz", "data/*.md", "data/*.txt"]},
     install_requires=[
-        "mindspore>=2.3,<2.12",
+        "mindspore>=2.9,<2.11",
         "numpy>=1.21,<2",
         "tqdm>=4.40",
     ],

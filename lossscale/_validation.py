@@ -6,6 +6,8 @@ user can fix the call without reading the source.
 import math
 import numbers
 
+import numpy as np
+
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -49,3 +51,20 @@ def check_int_in_range(name, value, *, low, high=2**31 - 1):
     if not low <= value <= high:
         raise ValueError(f"'{name}' must be an int in [{low}, {high}], but got {value!r}.")
     return int(value)
+
+
+def positive_float32(name, value):
+    """``value`` (a real number) as a float32 NumPy scalar that is finite, > 0 and has a finite reciprocal;
+    else ``ValueError`` naming ``name`` (1e-46 is 0 in float32; 1e-45 is > 0 but 1/S is inf).
+
+    Example:
+        >>> float(positive_float32("scale", 1024))
+        1024.0
+    """
+    with np.errstate(over="ignore", divide="ignore", under="ignore"):
+        scale = np.float32(value)
+        reciprocal = np.float32(1.0) / scale
+    if not (np.isfinite(scale) and scale > 0 and np.isfinite(reciprocal)):
+        raise ValueError(f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
+                         f"(about [2.9e-39, 3.4e38]), but got {value!r}.")
+    return scale

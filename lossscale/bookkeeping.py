@@ -22,7 +22,7 @@ from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_bool, check_int_in_range
 from lossscale.accumulation import counter
-from lossscale.overflow import nonfinite_per_tensor
+from lossscale.overflow import nonfinite_per_tensor, zero_or_nan
 
 INT32_MAX = 2**31 - 1
 OVERFLOW_POLICIES = ("skip", "warn", "raise")
@@ -91,7 +91,7 @@ class OverflowForensics(nn.Cell):
     def record(self, grads, loss, keep):
         """Store this (micro-)step's flags; ``keep``: OR them with the stored ones (inside a window)."""
         per_tensor = ops.stack(nonfinite_per_tensor(self.hyper_map, grads))
-        loss_bad = ops.logical_not(ops.isfinite(loss).all())
+        loss_bad = ops.logical_not(ops.isfinite(zero_or_nan(loss)))  # float32: bfloat16 losses too
         per_tensor = ops.logical_or(ops.logical_and(self.nonfinite_grads, keep), per_tensor)
         loss_bad = ops.logical_or(ops.logical_and(self.nonfinite_loss, keep), loss_bad)
         done = ops.assign(self.nonfinite_grads, per_tensor)

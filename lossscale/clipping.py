@@ -9,9 +9,9 @@ as an overflow too).
 Example:
     >>> import numpy as np
     >>> from mindspore import Tensor
-    >>> clipped, bad = GlobalNormClip(1.0)((Tensor(np.array([3.0, 4.0], np.float32)),))
-    >>> [round(float(v), 3) for v in clipped[0].asnumpy()], float(bad)
-    ([0.6, 0.8], 0.0)
+    >>> clipped, bad, norm = GlobalNormClip(1.0)((Tensor(np.array([3.0, 4.0], np.float32)),))
+    >>> [round(float(v), 3) for v in clipped[0].asnumpy()], float(bad), float(norm)
+    ([0.6, 0.8], 0.0, 5.0)
 """
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -23,6 +23,8 @@ _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
 @_square_sum.register("Tensor")
 def _tensor_square_sum(grad):
+    if grad.size == 0:  # MindSpore's CPU ReduceSum of an empty tensor returns uninitialised memory
+        return Tensor(0.0, mstype.float32)
     grad = ops.cast(grad, mstype.float32)
     return ops.reduce_sum(grad * grad)
 
@@ -35,8 +37,13 @@ def _tensor_clip(factor, grad):
     return ops.cast(ops.cast(grad, mstype.float32) * factor, ops.dtype(grad))
 
 
+def global_norm(hyper_map, grads):
+    """The float32 global L2 norm of ``grads`` (graph mode)."""
+    return ops.sqrt(ops.addn(hyper_map(_square_sum, grads)))
+
+
 class GlobalNormClip(nn.Cell):
-    """``clip(grads) -> (clipped grads, flag)``; ``flag`` is 1.0 when the global norm is not finite.
+    """``clip(grads) -> (clipped grads, flag, norm)``; ``flag`` is 1.0 when the global norm is not finite.
 
     Args:
         clip_norm (float): the largest global L2 norm, finite and > 0.
@@ -52,10 +59,10 @@ class GlobalNormClip(nn.Cell):
 
     def norm(self, grads):
         """The float32 global L2 norm of ``grads``."""
-        return ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
+        return global_norm(self.hyper_map, grads)
 
     def construct(self, grads):
         norm = self.norm(grads)
         flag = ops.select(ops.isfinite(norm), self._zero, self._one)
         factor = self._clip / ops.maximum(norm, self._clip)  # as ops.clip_by_global_norm
-        return self.hyper_map(ops.partial(_clip, factor), grads), flag
+        return self.hyper_map(ops.partial(_clip, factor), grads), flag, norm

@@ -9,34 +9,70 @@ raises "Only `loss_scale_manager=None` ... are supported on device `CPU`".
 ``Model`` is ``mindspore.train.Model`` with that builder: callbacks,
 ``LossMonitor``, ``eval`` and metrics are MindSpore's.
 """
-from mindspore import Tensor, nn
+from mindspore import Tensor, get_context, nn
 from mindspore.common import dtype as mstype
 from mindspore.amp import LossScaleManager
 from mindspore.train import Model as _MindSporeModel
 from mindspore.train import amp as _ms_amp
 
+from lossscale._validation import check_bool
 from lossscale.managers import DynamicLossScaleManager
 from lossscale.train_cell import TrainOneStepWithLossScaleCell
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+BOOST_LEVELS = ("O0", "O1", "O2")
 _KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
 # Keyword arguments passed through to TrainOneStepWithLossScaleCell.
 TRAIN_CELL_OPTIONS = ("clip_global_norm", "accumulation_steps", "overflow_policy", "max_consecutive_overflows",
-                      "debug_overflow", "overflow_check")
+                      "debug_overflow", "overflow_check", "extra_outputs", "lr_per_micro_batch")
 
 
-def _check_build_arguments(optimizer, level, kwargs):
+def _check_build_arguments(network, optimizer, level, kwargs):
+    if not isinstance(network, nn.Cell):
+        raise TypeError(f"'network' must be a mindspore.nn.Cell, but got {type(network).__name__}.")
     if not isinstance(optimizer, nn.Optimizer):
         raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, but got {type(optimizer).__name__}.")
-    if level not in AMP_LEVELS:
+    if not isinstance(level, str) or level not in AMP_LEVELS:
         raise ValueError(f"'level' must be one of {AMP_LEVELS}, but got {level!r}.")
     for key in kwargs:
         if key not in _KWARGS + TRAIN_CELL_OPTIONS:
             raise ValueError(f"Unsupported keyword argument {key!r}; allowed: {_KWARGS + TRAIN_CELL_OPTIONS}.")
+    if "cast_model_type" in kwargs and kwargs["cast_model_type"] not in (mstype.float16, mstype.float32):
+        raise TypeError(f"'cast_model_type' must be mindspore.float16 or mindspore.float32, but got "
+                        f"{kwargs['cast_model_type']!r} of type {type(kwargs['cast_model_type']).__name__}.")
+    if "keep_batchnorm_fp32" in kwargs:
+        check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
     manager = kwargs.get("loss_scale_manager")
     if manager is not None and not isinstance(manager, LossScaleManager):
         raise TypeError(f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, "
                         f"but got {type(manager).__name__}.")
+    if _ms_amp._get_pipeline_stages() > 1:  # pylint: disable=protected-access
+        raise ValueError("pipeline parallel (pipeline_stages > 1) needs MindSpore's pipeline train cell, which "
+                         "splits each step into micro-batches: build it with mindspore.amp.build_train_network and a "
+                         "lossscale update cell (manager.get_update_cell()); lossscale's train cell does not "
+                         "pipeline.")
+
+
+def check_boost_level(boost_level, options, manager):
+    """MindSpore's boost cells replace the train cell: refuse what they would drop.
+
+    ``boost_level`` "O1"/"O2" builds MindSpore's ``BoostTrainOneStep(WithLossScale)Cell``, which has none of
+    lossscale's train-cell options (they would be ignored) and, with an update cell, does not run on CPU.
+    So with a boost level the options are refused, and so is a loss-scale manager on CPU; on GPU and
+    Ascend, MindSpore's boost cell runs with the manager's update cell (lossscale's rule, MindSpore's check).
+    """
+    if boost_level not in BOOST_LEVELS:
+        raise ValueError(f"'boost_level' must be one of {BOOST_LEVELS}, but got {boost_level!r}.")
+    if boost_level == "O0":
+        return
+    if options:
+        raise ValueError(f"boost_level={boost_level!r} builds MindSpore's boost train cell, which has none of "
+                         f"lossscale's options: {', '.join(sorted(options))} would be ignored. Use boost_level='O0' "
+                         f"with them, or drop them.")
+    if manager is not None and get_context("device_target") == "CPU" and manager.get_update_cell() is not None:
+        raise ValueError(f"boost_level={boost_level!r} with a loss-scale manager builds MindSpore's "
+                         f"BoostTrainOneStepWithLossScaleCell, which does not run on CPU. Use boost_level='O0' (then "
+                         f"lossscale's train cell runs here).")
 
 
 def _mixed_precision_network(network, loss_fn, level, kwargs):
@@ -48,14 +84,16 @@ def _mixed_precision_network(network, loss_fn, level, kwargs):
     return network, config["loss_scale_manager"]
 
 
-def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
+def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_level="O0", **kwargs):
     """Build a mixed-precision training cell with our loss scaling.
 
-    Same arguments as ``mindspore.amp.build_train_network`` (without ``boost_level``).
+    Same arguments as ``mindspore.amp.build_train_network``. A ``boost_level`` other than "O0"
+    hands over to MindSpore's builder (its boost cells), after :func:`check_boost_level`.
     ``level='O2'`` defaults to ``lossscale.DynamicLossScaleManager()`` like MindSpore.
     The keyword arguments in :data:`TRAIN_CELL_OPTIONS` (``clip_global_norm``,
     ``accumulation_steps``, ``overflow_policy``, ``max_consecutive_overflows``,
-    ``debug_overflow``, ``overflow_check``) go to :class:`TrainOneStepWithLossScaleCell`;
+    ``debug_overflow``, ``overflow_check``, ``extra_outputs``, ``lr_per_micro_batch``) go to
+    :class:`TrainOneStepWithLossScaleCell`;
     without a loss-scale manager they select it with a fixed scale of 1.
 
     Returns:
@@ -79,8 +117,11 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", **kwargs):
         >>> type(train_net).__name__
         'TrainOneStepWithLossScaleCell'
     """
-    _check_build_arguments(optimizer, level, kwargs)
+    _check_build_arguments(network, optimizer, level, kwargs)
     options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
+    check_boost_level(boost_level, options, kwargs.get("loss_scale_manager"))
+    if boost_level != "O0":
+        return _ms_amp.build_train_network(network, optimizer, loss_fn, level, boost_level, **kwargs)
     if level == "O2" and "loss_scale_manager" not in kwargs:
         kwargs["loss_scale_manager"] = DynamicLossScaleManager()
     network, manager = _mixed_precision_network(network, loss_fn, level, kwargs)
@@ -118,6 +159,7 @@ class Model(_MindSporeModel):
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
                  amp_level="O0", boost_level="O0", **kwargs):
         self._train_cell_options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
+        check_boost_level(boost_level, self._train_cell_options, kwargs.get("loss_scale_manager"))
         super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level,
                          **kwargs)
 

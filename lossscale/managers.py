@@ -12,9 +12,8 @@ import numpy as np
 from mindspore.amp import LossScaleManager
 
 from lossscale._validation import check_bool, check_finite_in_range
-from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
-                              policy_from_mindspore_arguments, update)
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 
 class FixedLossScaleManager(LossScaleManager):
@@ -60,10 +59,8 @@ class FixedLossScaleManager(LossScaleManager):
         return {"loss_scale": self._loss_scale}
 
     def load_state_dict(self, state):
-        """Check that ``state`` was saved by a manager with the same fixed scale."""
-        if float(state["loss_scale"]) != self._loss_scale:
-            raise ValueError(f"'state[\"loss_scale\"]' must equal the fixed loss scale {self._loss_scale!r}, "
-                             f"but got {state['loss_scale']!r}.")
+        """Check that ``state`` was saved by a manager with the same fixed scale (nothing to restore)."""
+        check_fixed_state(state, self._loss_scale)
 
 
 class DynamicLossScaleManager(LossScaleManager):
@@ -172,10 +169,9 @@ class DynamicLossScaleManager(LossScaleManager):
                 "hysteresis_left": state.hysteresis_left}
 
     def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output, into the device cell too when one is in use."""
-        restored = LossScaleState(scale=float(state["loss_scale"]), good_steps=int(state["good_steps"]),
-                                  hysteresis_left=int(state["hysteresis_left"]))
-        check_state(self.policy, restored)
+        """Restore :meth:`state_dict` output, into the device cell too when one is in use (validated: nothing
+        changes on error)."""
+        restored = state_from_dict(self.policy, state)
         if self._update_cell is not None:
             self._update_cell.set_state(restored)
         self._state = restored

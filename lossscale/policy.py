@@ -35,6 +35,7 @@ Example:
     >>> [s.scale for s in run(policy, [False, False, True, True, False])]
     [8.0, 16.0, 8.0, 4.0, 4.0]
 """
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Iterable, List, Optional
 
@@ -219,17 +220,73 @@ def policy_extensions(policy):
             "min_loss_scale": policy.min_scale, "max_loss_scale": policy.max_scale}
 
 
-def check_state(policy: LossScalePolicy, state: LossScaleState) -> LossScaleState:
-    """Return ``state`` if it is reachable under ``policy``; raise ``ValueError`` naming the bad field.
+def check_state(policy: LossScalePolicy, state: LossScaleState, names=("state.scale", "state.good_steps",
+                                                                       "state.hysteresis_left")) -> LossScaleState:
+    """Return ``state`` if it is reachable under ``policy``; raise ``ValueError`` naming the bad field
+    (as ``names`` spells the three fields).
 
     Example:
         >>> check_state(LossScalePolicy(growth_interval=4), LossScaleState(scale=8.0, good_steps=3))
         LossScaleState(scale=8.0, good_steps=3, hysteresis_left=1)
     """
-    check_finite_in_range("state.scale", state.scale, low=policy.min_scale, high=policy.ceiling)
-    check_int_in_range("state.good_steps", state.good_steps, low=0, high=policy.growth_interval - 1)
-    check_int_in_range("state.hysteresis_left", state.hysteresis_left, low=1, high=policy.hysteresis)
+    check_finite_in_range(names[0], state.scale, low=policy.min_scale, high=policy.ceiling)
+    check_int_in_range(names[1], state.good_steps, low=0, high=policy.growth_interval - 1)
+    check_int_in_range(names[2], state.hysteresis_left, low=1, high=policy.hysteresis)
     return state
+
+
+STATE_KEYS = ("loss_scale", "good_steps", "hysteresis_left")
+
+
+def state_value(name, value):
+    """One number of a state dict as a Python int or float: a number, a NumPy scalar or a one-element
+    array or Tensor (anything with ``asnumpy``); ``TypeError`` naming ``name`` otherwise (bools included).
+
+    Example:
+        >>> state_value("state_dict['good_steps']", np.array([3], np.int32))
+        3
+    """
+    if hasattr(value, "asnumpy"):
+        value = value.asnumpy()
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise TypeError(f"'{name}' must be one number, but got an array of shape {value.shape}.")
+        value = value.reshape(-1)[0]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{name}' must be a number, but got {value!r} of type {type(value).__name__}.")
+    return value
+
+
+def state_from_dict(policy: LossScalePolicy, state_dict, owner="state_dict") -> LossScaleState:
+    """The :class:`LossScaleState` of a ``{'loss_scale', 'good_steps', 'hysteresis_left'}`` dict (what
+    ``state_dict()`` returns), validated against ``policy``; every error names the key.
+
+    Example:
+        >>> state_from_dict(LossScalePolicy(init_scale=8.0), {"loss_scale": 4.0, "good_steps": 2, "hysteresis_left": 1})
+        LossScaleState(scale=4.0, good_steps=2, hysteresis_left=1)
+    """
+    names = tuple(f"{owner}[{key!r}]" for key in STATE_KEYS)
+    values = state_dict_values(state_dict, STATE_KEYS, owner)
+    if not isinstance(values["good_steps"], int) or not isinstance(values["hysteresis_left"], int):
+        bad = "good_steps" if not isinstance(values["good_steps"], int) else "hysteresis_left"
+        raise TypeError(f"'{owner}[{bad!r}]' must be an int, but got {values[bad]!r}.")
+    state = LossScaleState(scale=float(values["loss_scale"]), good_steps=values["good_steps"],
+                           hysteresis_left=values["hysteresis_left"])
+    return check_state(policy, state, names)
+
+
+def state_dict_values(state_dict, keys, owner="state_dict"):
+    """``{key: number}`` for ``keys`` of a state dict: ``TypeError`` if it is not a dict, ``ValueError``
+    naming the missing keys, and :func:`state_value` for each value."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"'{owner}' must be a dict, but got {type(state_dict).__name__}.")
+    missing = [key for key in keys if key not in state_dict]
+    if missing:
+        raise ValueError(f"'{owner}' is missing {missing}; a saved state has the keys {list(keys)}, but got "
+                         f"{sorted(map(str, state_dict))}.")
+    return {key: state_value(f"{owner}[{key!r}]", state_dict[key]) for key in keys}
 
 
 def initial_state(policy: LossScalePolicy) -> LossScaleState:

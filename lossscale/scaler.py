@@ -46,8 +46,9 @@ from mindspore.context import ParallelMode
 
 from lossscale import overflow as _overflow
 from lossscale._parameters import write_parameter
-from lossscale.policy import LossScalePolicy
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale._validation import check_bool, positive_float32
+from lossscale.policy import LossScalePolicy, state_dict_values
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 def _promote(scale, output):
     """``output * scale`` with ``output`` promoted to at least float32."""
@@ -107,13 +108,7 @@ def positive_scale(name, value):
         raise TypeError(f"'{name}' must be a number or a float Tensor, but got {type(value).__name__}.")
     if array.dtype == np.bool_ or array.size != 1:
         raise TypeError(f"'{name}' must be one float value, but got {array.dtype} of shape {array.shape}.")
-    with np.errstate(over="ignore", divide="ignore"):
-        scale = np.float32(array.reshape(-1)[0])
-        reciprocal = np.float32(1.0) / scale
-    if not (np.isfinite(scale) and scale > 0 and np.isfinite(reciprocal)):
-        raise ValueError(f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
-                         f"(about [2.9e-39, 3.4e38]), but got {array.reshape(-1)[0]!r}.")
-    return scale
+    return positive_float32(name, array.reshape(-1)[0])
 
 
 class LossScaler(nn.Cell):
@@ -133,6 +128,9 @@ class LossScaler(nn.Cell):
             default the current backend's.
         mutable_rule (bool): hold a dynamic rule's numbers and a dynamic/fixed switch in
             Parameters, so :meth:`set_rule` reaches graphs compiled before (front-ends with setters).
+        frozen (bool): a fixed scale held as a graph constant instead of a Parameter, so that no
+            checkpoint load or host write can change it (the train cell uses it when the optimizer
+            divides by the scale itself: MindSpore's ``FixedLossScaleManager(S, False)`` recipe).
 
     The scale Parameter has the shape of a Tensor ``rule`` (``()`` or ``(1,)``), else ``()``.
 
@@ -162,14 +160,19 @@ class LossScaler(nn.Cell):
         ([[0.8999999761581421, 0.8999999761581421]], 1)
     """
 
-    def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False):
+    def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False, frozen=False):
         super().__init__(auto_prefix=False)
         self.hyper_map = ops.HyperMap()
         self.check = _overflow.make_overflow_check(overflow_check)
         self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)
+        self.frozen = check_bool("frozen", frozen)
+        if frozen and self.dynamic:
+            raise ValueError("'frozen' needs a fixed scale (a number, a Tensor or a fixed update cell), but the rule "
+                             "is dynamic.")
         scale_name = "scale_sense" if name is None else f"{name}.scale"
-        self.scale_value = Parameter(Tensor(np.full(shape, initial, np.float32)), name=scale_name,
-                                     requires_grad=False)
+        value = Tensor(np.full(shape, initial, np.float32))
+        # A frozen scale is a constant of the graph: no checkpoint or host write can change it.
+        self.scale_value = value if frozen else Parameter(value, name=scale_name, requires_grad=False)
         if name is not None and isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             self.update_cell.rename_parameters(name)
         if self.update_cell is not None and hasattr(self.update_cell, "bind_scale_parameter"):
@@ -281,6 +284,8 @@ class LossScaler(nn.Cell):
 
     def set_scale(self, value):
         """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""
+        if self.frozen:
+            raise ValueError("this loss scale is frozen (a graph constant): it cannot be changed.")
         scale = positive_scale("scale", value)
         write_parameter(self.scale_value, scale)
 
@@ -305,8 +310,10 @@ class LossScaler(nn.Cell):
         """Restore :meth:`state_dict` output (validated; nothing changes on error)."""
         if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             self.update_cell.load_state_dict(state)
+        elif isinstance(self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
+            check_fixed_state(state, self.update_cell.get_loss_scale())
         else:
-            self.set_scale(state["loss_scale"])
+            self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
 
 
 def check_optimizer_loss_scale(optimizer, fixed_scale=None):

@@ -23,38 +23,19 @@ forensics and persistent-overflow policy (:mod:`lossscale.bookkeeping`) are part
 changes, so a learning-rate schedule driven by the optimizer's step counter does not
 advance on skipped steps (as in MindSpore and PyTorch).
 """
-from mindspore import Tensor, get_context, nn, ops
+from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
+from lossscale._cell_checks import check_loss_output, check_train_arguments, fixed_scale_of
 from lossscale._validation import check_bool, check_int_in_range
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
                                    PersistentOverflowError, PersistentOverflowPolicy, check_debug_flag)
-from lossscale.clipping import GlobalNormClip
+from lossscale.checkpoints import check_cell_state, checkpoint_choice
+from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
-
-
-def _refuse_sparse_gradients_on_cpu(network):
-    """Raise ``ValueError`` if ``network`` has cells that produce sparse gradients and the target is CPU.
-
-    ``nn.EmbeddingLookup(sparse=True)`` (the only choice with ``target="CPU"``) makes RowTensor
-    gradients. On MindSpore 2.10's CPU backend a graph that applies them under the overflow
-    condition next to the loss-scale state updates ends in a segmentation fault (reproduced here
-    with ``LazyAdam``, with a dynamic update cell or a fixed Tensor scale), so it is refused
-    with an error instead of killing the process.
-    """
-    if get_context("device_target") != "CPU":
-        return
-    sparse = [name or type(network).__name__ for name, cell in network.cells_and_names()
-              if isinstance(cell, nn.EmbeddingLookup) and getattr(cell, "sparse", False)]
-    if sparse:
-        raise ValueError(
-            f"'network' has cells with sparse (RowTensor) gradients: {', '.join(sparse)} "
-            f"(nn.EmbeddingLookup with sparse=True). On CPU, MindSpore 2.10 crashes with a segmentation fault "
-            f"when such gradients are applied in a graph that also updates the loss-scale state. Use nn.Embedding, "
-            f"whose gradients are dense, or train this network without loss scaling.")
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
@@ -104,6 +85,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         debug_overflow (bool): record, on each overflowing step, which parameters'
             gradients were non-finite and whether the loss was; log it and keep it
             in :attr:`overflow_reports`. Off by default, and then costs nothing.
+        extra_outputs (bool): also return the learning rate the step used and the global
+            L2 norm of the unscaled gradients (mindformers' outputs). Default False.
+        lr_per_micro_batch (bool): with accumulation, advance the optimizer's
+            ``global_step`` (and so a learning-rate schedule) on every micro-batch, as
+            mindcv and mindone do, instead of once per optimizer step (MindSpore's and
+            PyTorch's meaning, the default).
 
     Inputs:
         ``*inputs``: the network's inputs.
@@ -112,7 +99,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         ``(loss, overflow, loss_scale)``: the (micro-batch) loss, a bool scalar
         (with accumulation: the window's decision on its last micro-batch, False on
         the others), and the ``scale_sense`` Parameter after this step's update (the
-        scale the next step uses), as MindSpore's cell returns it.
+        scale the next step uses), as MindSpore's cell returns it. With
+        ``extra_outputs``: ``(loss, overflow, loss_scale, learning_rate, global_norm)``.
+
+    Before its first step the cell checks its loss-scale state on the host
+    (:meth:`check_state`): a state loaded from a checkpoint of another configuration,
+    or an inf scale written by MindSpore's own cell, is refused with a ``ValueError``.
 
     Example:
         >>> import numpy as np
@@ -131,15 +123,16 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def __init__(self, network, optimizer, scale_sense, *, drop_overflow_update=True, overflow_check=None,
                  clip_global_norm=None, accumulation_steps=1, overflow_policy="skip",
-                 max_consecutive_overflows=None, debug_overflow=False):
-        _refuse_sparse_gradients_on_cpu(network)
+                 max_consecutive_overflows=None, debug_overflow=False, extra_outputs=False,
+                 lr_per_micro_batch=False):
+        check_train_arguments(network, optimizer, scale_sense)
         super().__init__(network, optimizer, sens=None)
-        if not isinstance(scale_sense, (nn.Cell, Tensor)):
-            raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
-        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check)
-        self.scale_sense = self.loss_scaler.scale_value
         self.drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
-        self.optimizer_unscales = check_optimizer_loss_scale(optimizer, self._fixed_scale())
+        self.optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
+        # When the optimizer divides by the scale itself, the scale is a constant, as MindSpore's Python-float sens:
+        # a checkpoint written at another scale cannot change it while the optimizer keeps dividing by this one.
+        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self.optimizer_unscales)
+        self.scale_sense = self.loss_scaler.scale_value
         self.overflow_check = self.loss_scaler.check.name
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
         self.accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
@@ -147,19 +140,16 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
+        self.extra_outputs = check_bool("extra_outputs", extra_outputs)
+        self.lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
         self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
+        self.hyper_map = ops.HyperMap()
         self._zero = Tensor(0.0, mstype.float32)
         self._one = Tensor(1.0, mstype.float32)
         self._false = Tensor(False, mstype.bool_)
-        self._host_scale = self.get_loss_scale()
-
-    def _fixed_scale(self):
-        """The scale if it never changes (a Tensor or a fixed update cell), else None."""
-        fixed = self.loss_scaling_manager is None or isinstance(
-            self.loss_scaling_manager, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell))
-        return self.get_loss_scale() if fixed else None
+        self._state_checked = False
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
@@ -183,15 +173,26 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                                   doc="Counter Parameter: 1-based step of the last overflow, 0 = never.")
 
     def set_sense_scale(self, sens):
-        """Set the scale of a cell built with a Tensor ``scale_sense`` (host to device, no graph rebuild)."""
+        """Set the scale (host to device, no graph rebuild), within the update cell's rule: between a dynamic
+        cell's ``min_loss_scale`` and ``max_loss_scale``; refused for a fixed scale that an update cell or the
+        optimizer's ``loss_scale`` fixes."""
         if not isinstance(sens, Tensor):
             raise TypeError(f"'sens' must be a Tensor, but got {type(sens).__name__}.")
         if sens.shape != self.scale_sense.shape:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
-        positive_scale("sens", sens)
+        value = float(positive_scale("sens", sens))
         if self.optimizer_unscales:
             raise ValueError("'set_sense_scale' cannot change the scale: the optimizer was built with "
                              "loss_scale equal to the fixed scale and divides by it.")
+        cell = self.loss_scaling_manager
+        if isinstance(cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
+            raise ValueError(f"'set_sense_scale' cannot change the scale of a {type(cell).__name__}, which fixes it at "
+                             f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead.")
+        if isinstance(cell, DynamicLossScaleUpdateCell):
+            policy = cell.policy
+            if not policy.min_scale <= value <= policy.ceiling:
+                raise ValueError(f"'sens' must be within the update cell's [min_loss_scale, max_loss_scale] = "
+                                 f"[{policy.min_scale!r}, {policy.ceiling!r}], but got {value!r}.")
         self.loss_scaler.set_scale(sens)
 
     def get_loss_scale(self):
@@ -203,28 +204,59 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         ``skipped_steps``, ``consecutive_overflows``, ``last_overflow_step`` (1-based, 0 = never)."""
         return self.counters.as_dict()
 
+    def state_dict(self):
+        """The loss-scale state as Python numbers, ``{'loss_scale', 'good_steps', 'hysteresis_left'}`` (counters
+        only with a dynamic update cell of lossscale's; one host sync)."""
+        return self.loss_scaler.state_dict()
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output (validated against the update cell's rule; nothing changes on error).
+        A fixed scale must be the one saved; a frozen scale (the optimizer divides by it) cannot change."""
+        if self.optimizer_unscales:
+            check_fixed_state(state, self.get_loss_scale())
+        else:
+            self.loss_scaler.load_state_dict(state)
+        self.check_state()
+
+    def check_state(self):
+        """Raise ``ValueError`` if the loss-scale state (e.g. as a checkpoint loaded it) cannot be trained with
+        (:func:`lossscale.checkpoints.check_cell_state`). Runs by itself before the first step; call it after
+        loading a checkpoint into a cell that has already run. One host sync."""
+        check_cell_state(self)
+        self.state_checked()
+
+    def state_checked(self):
+        """Record that the state was checked (by :meth:`check_state` or a validated load)."""
+        self._state_checked = True
+
+    def checkpoint_choice(self):
+        """A ``choice_func`` for ``mindspore.save_checkpoint`` that leaves out the accumulators when they are
+        empty (:func:`lossscale.checkpoints.checkpoint_choice`; one host sync)."""
+        return checkpoint_choice(self)
+
     def __call__(self, *args, **kwargs):
+        if not self._state_checked:
+            self.check_state()
+        scale_used = self.get_loss_scale() if self.persistent_overflow.active else None
         outputs = super().__call__(*args, **kwargs)
         if self.persistent_overflow.active or self.forensics is not None:
-            self._after_step(outputs)
+            self._after_step(outputs, scale_used)
         return outputs
 
-    def _after_step(self, outputs):
+    def _after_step(self, outputs, scale_used):
         """Host check after a step (only with a warn/raise policy or debug_overflow): one sync."""
-        overflow = bool(outputs[1].asnumpy())
-        previous_scale, self._host_scale = self._host_scale, self.get_loss_scale()
-        if not overflow:
+        if not bool(outputs[1].asnumpy()):
             return
         if self.forensics is not None:
             self.forensics.report(int(self.counters.last_overflow_step.asnumpy()))
         if self.persistent_overflow.active:
             cell = self.loss_scaling_manager
             minimum = cell.policy.min_scale if isinstance(cell, DynamicLossScaleUpdateCell) else None
-            self.persistent_overflow.check(self.overflow_counters(), previous_scale, minimum)
+            self.persistent_overflow.check(self.overflow_counters(), scale_used, minimum)
 
     # ---- graph -------------------------------------------------------------------------------
     def construct(self, *inputs):
-        loss = self.network(*inputs)
+        loss = check_loss_output(self.network(*inputs))
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
         grads = self.grad(self.network, self.weights)(*inputs, self.loss_scaler.sens(loss, scaling_sens))
@@ -236,14 +268,15 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if self.accumulation is not None:
             return self._accumulation_step(loss, status, grads, scaling_sens)
         grads = self.grad_reducer(grads)
+        flag = self._zero if self._norm_decides and not self._custom_status else self._flag(status, grads)
+        overflow, norm, learning_rate = self._finish_step(self._with_loss_flag(flag, loss), grads)
+        return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
+
+    def _flag(self, status, grads):
+        """This rank's float32 flag for ``grads``: the backend check, or an overridden get_overflow_status."""
         if self._custom_status:
-            flag = ops.select(self.get_overflow_status(status, grads), self._one, self._zero)
-        elif self._norm_decides:
-            flag = self._zero
-        else:
-            flag = self.loss_scaler.flag(status, grads)
-        overflow = self._finish_step(self._with_loss_flag(flag, loss), grads)
-        return loss, overflow, scaling_sens
+            return ops.select(self.get_overflow_status(status, grads), self._one, self._zero)
+        return self.loss_scaler.flag(status, grads)
 
     def _with_loss_flag(self, flag, loss):
         """Count a non-finite loss as an overflow (when overflowing steps are dropped); it reaches every
@@ -252,22 +285,45 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             return flag + self.loss_scaler.loss_flag(loss)
         return flag
 
-    def _accumulation_step(self, loss, status, grads, scaling_sens):
-        flag = self._with_loss_flag(self.loss_scaler.flag(status, grads), loss)
-        window_flag, micro, last = self.accumulation.add(grads, flag)
-        overflow = self._false
-        if last:
-            overflow = self._finish_step(window_flag, self.grad_reducer(self.accumulation.mean(self.weights)))
-            overflow = ops.depend(overflow, self.accumulation.reset())
-        else:
-            self.accumulation.carry(window_flag, micro)
+    def _outputs(self, loss, overflow, scaling_sens, learning_rate, norm):
+        """MindSpore's ``(loss, overflow, scale)``; with ``extra_outputs`` also the learning rate the step used
+        and the global norm of the unscaled gradients (mindformers' order)."""
+        if self.extra_outputs:
+            return loss, overflow, scaling_sens, learning_rate, norm
         return loss, overflow, scaling_sens
 
+    def _accumulation_step(self, loss, status, grads, scaling_sens):
+        window_flag, micro, last = self.accumulation.add(grads, self._with_loss_flag(self._flag(status, grads), loss))
+        if last:
+            mean = self.grad_reducer(self.accumulation.mean(self.weights))
+            # Finite micro-batch gradients can still sum to inf in float32: the window's mean is checked too.
+            window_flag = window_flag + _overflow.nonfinite_indicator(self.hyper_map, mean)
+            overflow, norm, learning_rate = self._finish_step(window_flag, mean)
+            overflow = ops.depend(overflow, self.accumulation.reset())
+            if self.lr_per_micro_batch and self.drop_overflow_update:  # a skipped window's last micro-batch counts
+                overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
+                                                               ops.cast(overflow, mstype.int32)))
+        else:
+            done = self.accumulation.carry(window_flag, micro)
+            if self.lr_per_micro_batch:
+                done = ops.depend(done, ops.assign_add(self.optimizer.global_step, Tensor(1, mstype.int32)))
+            overflow = ops.depend(self._false, done)
+            learning_rate = self.optimizer.get_lr() if self.extra_outputs else self._zero
+            norm = global_norm(self.hyper_map, grads) if self.extra_outputs else self._zero
+        return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
+
     def _finish_step(self, flag, grads):
-        """Decide (clip norm and/or check flag, all-reduced once), update scale and counters, step or skip."""
+        """Decide (clip norm and/or check flag, all-reduced once), update scale and counters, step or skip.
+
+        Returns ``(overflow, global norm, learning rate)``; the last two are 0 unless clipping computes the
+        norm or ``extra_outputs`` asks for them."""
+        norm = self._zero
         if self.clipper is not None:
-            grads, norm_flag = self.clipper(grads)
+            grads, norm_flag, norm = self.clipper(grads)
             flag = flag + norm_flag
+        elif self.extra_outputs:
+            norm = global_norm(self.hyper_map, grads)
+        learning_rate = self.optimizer.get_lr() if self.extra_outputs else self._zero
         overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))
         overflow = ops.depend(overflow, self.counters.count(overflow, self.drop_overflow_update))
         if self.drop_overflow_update:
@@ -275,7 +331,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                 overflow = ops.depend(overflow, self.optimizer(grads))
         else:
             overflow = ops.depend(overflow, self.optimizer(grads))
-        return overflow
+        return overflow, norm, learning_rate
 
     def start_overflow_check(self, pre_cond, compute_input):
         """Prepare the check after ``pre_cond`` (Ascend saturation mode: clear the float status).

@@ -13,9 +13,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._parameters import write_parameter
-from lossscale._validation import check_finite_in_range
+from lossscale._validation import check_real, positive_float32
 from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
-                              policy_from_mindspore_arguments)
+                              policy_from_mindspore_arguments, state_dict_values, state_from_dict)
 
 
 class _ScaleBinding:
@@ -70,6 +70,14 @@ class _UpdateCellBase(nn.Cell):
             write_parameter(parameter, np.float32(value))
 
 
+def check_fixed_state(state, fixed_scale):
+    """A fixed scale's saved state, ``{'loss_scale': S}``, must hold exactly that scale (in float32)."""
+    saved = state_dict_values(state, ("loss_scale",))["loss_scale"]
+    if float(np.float32(saved)) != float(np.float32(fixed_scale)):
+        raise ValueError(f"'state_dict['loss_scale']' must equal the fixed loss scale {float(fixed_scale)!r}, but got "
+                         f"{saved!r}.")
+
+
 class FixedLossScaleUpdateCell(_UpdateCellBase):
     """Update cell with a constant loss scale: the overflow flag passes through.
 
@@ -90,7 +98,8 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
     """
 
     def __init__(self, loss_scale_value):
-        check_finite_in_range("loss_scale_value", loss_scale_value, low=0.0, low_inclusive=False)
+        check_real("loss_scale_value", loss_scale_value)
+        positive_float32("loss_scale_value", loss_scale_value)
         super().__init__(loss_scale_value)
 
     def state_dict(self):
@@ -98,11 +107,8 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
         return {"loss_scale": self.get_loss_scale()}
 
     def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output (the scale must equal this cell's fixed scale)."""
-        scale = float(state["loss_scale"])
-        if scale != float(np.float32(self.loss_scale_value)):
-            raise ValueError(f"'state[\"loss_scale\"]' must equal the fixed loss scale "
-                             f"{self.loss_scale_value!r}, but got {scale!r}.")
+        """Check :meth:`state_dict` output: its scale must equal this cell's fixed scale."""
+        check_fixed_state(state, self.loss_scale_value)
 
     def construct(self, loss_scale, overflow):
         return overflow
@@ -231,6 +237,18 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             write_parameter(getattr(self, name), value)
         self.set_state(state)
 
+    def _state_within_rule(self, loss_scale):
+        """The scale and counters brought back within the rule: a loaded state outside it (a checkpoint of
+        another configuration, or MindSpore's inf scale) would otherwise never recover (``inf * 0.5`` is
+        inf). A scale that is not finite or not > 0 restarts from the ceiling and backs off from there.
+        Valid states pass through unchanged; the train cell refuses an invalid one before its first step."""
+        valid = ops.logical_and(ops.isfinite(loss_scale), loss_scale > ops.zeros_like(loss_scale))
+        bounded = ops.minimum(ops.maximum(loss_scale, self._min_scale), self._max_scale)
+        scale = ops.select(valid, bounded, ops.broadcast_to(self._max_scale, ops.shape(loss_scale)))
+        good_steps = ops.minimum(ops.maximum(self.good_steps, self._zero), self._window - self._one)
+        hysteresis = ops.minimum(ops.maximum(self.hysteresis_left, self._one), self._full_hysteresis)
+        return scale, good_steps, hysteresis
+
     @classmethod
     def from_policy(cls, policy):
         """An update cell applying ``policy`` (e.g. a preset from :mod:`lossscale.presets`).
@@ -264,24 +282,23 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     def load_state_dict(self, state):
         """Restore the output of :meth:`state_dict` (validated; nothing changes on error)."""
-        self.set_state(LossScaleState(scale=float(state["loss_scale"]), good_steps=int(state["good_steps"]),
-                                      hysteresis_left=int(state["hysteresis_left"])))
+        self.set_state(state_from_dict(self.policy, state))
 
     def construct(self, loss_scale, overflow):
-        hysteresis = self.hysteresis_left
+        scale, good_steps, hysteresis = self._state_within_rule(loss_scale)
         # Overflow branch: back off only when the hysteresis is exhausted.
-        backed_off = ops.maximum(loss_scale * self._backoff_factor, self._min_scale)
-        scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, loss_scale)
+        backed_off = ops.maximum(scale * self._backoff_factor, self._min_scale)
+        scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, scale)
         if self.policy.refill_hysteresis_on_backoff:
             hysteresis_if_overflow = ops.select(hysteresis <= self._one, self._full_hysteresis, hysteresis - self._one)
         else:
             hysteresis_if_overflow = ops.maximum(hysteresis - self._one, self._one)
         # Clean branch: grow on the window-th clean step, never to inf nor above the ceiling.
-        good_steps = self.good_steps + self._one
+        good_steps = good_steps + self._one
         grow = good_steps >= self._window
-        grown = loss_scale * self._growth_factor
-        grown = ops.select(ops.isfinite(grown), ops.minimum(grown, self._max_scale), loss_scale)
-        scale_if_clean = ops.select(grow, grown, loss_scale)
+        grown = scale * self._growth_factor
+        grown = ops.select(ops.isfinite(grown), ops.minimum(grown, self._max_scale), scale)
+        scale_if_clean = ops.select(grow, grown, scale)
         good_if_clean = ops.select(grow, self._zero, good_steps)
         if self._consecutive:
             hysteresis_if_clean = self._full_hysteresis
@@ -294,7 +311,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         if self._switchable:  # a fixed scale leaves everything as it is
             new_scale = ops.select(self._dynamic, new_scale, loss_scale)
             new_good = ops.select(self._dynamic, new_good, self.good_steps)
-            new_hysteresis = ops.select(self._dynamic, new_hysteresis, hysteresis)
+            new_hysteresis = ops.select(self._dynamic, new_hysteresis, self.hysteresis_left)
         overflow = ops.depend(overflow, ops.assign(loss_scale, new_scale))
         overflow = ops.depend(overflow, ops.assign(self.good_steps, new_good))
         overflow = ops.depend(overflow, ops.assign(self.hysteresis_left, new_hysteresis))

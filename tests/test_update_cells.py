@@ -133,7 +133,7 @@ def test_state_dict_round_trip_and_validation():
     flags = [True, False, False, True, True, False]
     assert target.run(flags) == source.run(flags)
     before = target.update_cell.state_dict()
-    with pytest.raises(ValueError, match="state.good_steps"):
+    with pytest.raises(ValueError, match=r"'state_dict\['good_steps'\]' must be an int in \[0, 4\]"):
         target.update_cell.load_state_dict(dict(before, good_steps=5))
     assert target.update_cell.state_dict() == before
 

@@ -1,0 +1,63 @@
+"""Argument checks of the train cell that need MindSpore (the framework-free ones are in ``_validation``)."""
+import numpy as np
+from mindspore import Tensor, get_context, nn, ops
+
+
+def check_train_arguments(network, optimizer, scale_sense):
+    """TypeError for a ``network``, ``optimizer`` or ``scale_sense`` of the wrong kind."""
+    if not isinstance(network, nn.Cell):
+        raise TypeError(f"'network' must be a mindspore.nn.Cell (the network with its loss, one output), but got "
+                        f"{type(network).__name__}.")
+    if not isinstance(optimizer, nn.Optimizer):
+        raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, but got {type(optimizer).__name__}.")
+    if not isinstance(scale_sense, (nn.Cell, Tensor)):
+        raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
+    refuse_sparse_gradients_on_cpu(network)
+
+
+def fixed_scale_of(scale_sense):
+    """The scale if ``scale_sense`` never changes it (a Tensor or a fixed update cell), else None."""
+    from lossscale.update_cells import FixedLossScaleUpdateCell  # pylint: disable=import-outside-toplevel
+
+    if isinstance(scale_sense, Tensor):
+        array = scale_sense.asnumpy()
+        return float(np.float32(array.reshape(-1)[0])) if array.size == 1 and array.dtype != np.bool_ else None
+    if isinstance(scale_sense, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
+        return float(np.float32(scale_sense.get_loss_scale()))
+    return None
+
+
+@ops.constexpr
+def _refuse_several_outputs(kind):
+    raise TypeError(f"the network returned a {kind}: a train cell needs the network with its loss to return one "
+                    f"Tensor, the loss (wrap it, e.g. nn.WithLossCell, or return only the loss).")
+
+
+def check_loss_output(loss):
+    """Graph (compile time): the network's output must be one Tensor."""
+    if isinstance(loss, tuple):
+        _refuse_several_outputs("tuple")
+    if isinstance(loss, list):
+        _refuse_several_outputs("list")
+    return loss
+
+
+def refuse_sparse_gradients_on_cpu(network):
+    """Raise ``ValueError`` if ``network`` has cells that produce sparse gradients and the target is CPU.
+
+    ``nn.EmbeddingLookup(sparse=True)`` (the only choice with ``target="CPU"``) makes RowTensor
+    gradients. On MindSpore 2.10's CPU backend a graph that applies them under the overflow
+    condition next to the loss-scale state updates ends in a segmentation fault (reproduced here
+    with ``LazyAdam``, with a dynamic update cell or a fixed Tensor scale), so it is refused
+    with an error instead of killing the process.
+    """
+    if get_context("device_target") != "CPU":
+        return
+    sparse = [name or type(network).__name__ for name, cell in network.cells_and_names()
+              if isinstance(cell, nn.EmbeddingLookup) and getattr(cell, "sparse", False)]
+    if sparse:
+        raise ValueError(
+            f"'network' has cells with sparse (RowTensor) gradients: {', '.join(sparse)} "
+            f"(nn.EmbeddingLookup with sparse=True). On CPU, MindSpore 2.10 crashes with a segmentation fault "
+            f"when such gradients are applied in a graph that also updates the loss-scale state. Use nn.Embedding, "
+            f"whose gradients are dense, or train this network without loss scaling.")

@@ -1,0 +1,112 @@
+"""The train cell's loss-scale state in checkpoints: validated after a load, restorable from a checkpoint that
+was loaded into the bare network, and its empty accumulators left out.
+
+A train cell's loss-scale state is every Parameter named ``scale_sense`` or ``loss_scale_*`` (the
+update cell's counters, the overflow counters, the accumulation window and its accumulators).
+``mindspore.load_param_into_net`` writes whatever a checkpoint holds, so a checkpoint from another
+configuration, or written by MindSpore's own cell after its scale grew to inf, can leave a state
+this cell cannot train with. :func:`check_cell_state` refuses such a state with a ``ValueError``
+naming the Parameter, its value and the allowed range; the train cell runs it before its first step
+and after :func:`restore_loss_scale`.
+
+Example:
+    >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
+    (True, True, False)
+"""
+import numpy as np
+from mindspore import Parameter, Tensor
+from mindspore import load_param_into_net
+
+from lossscale.bookkeeping import INT32_MAX
+from lossscale.scaler import positive_scale
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+
+ACCUMULATOR_PREFIX = "loss_scale_accumulator."
+
+
+def is_loss_scale_state(name):
+    """Whether a Parameter name belongs to a train cell's loss-scale state."""
+    return name == "scale_sense" or name.startswith("loss_scale_")
+
+
+def _value(parameter):
+    return parameter.asnumpy().reshape(-1)
+
+
+def _in_range(name, value, low, high):
+    if not low <= value <= high:
+        raise ValueError(f"'{name}' holds {value!r}, outside [{low}, {high}]: the loaded state does not belong to "
+                         f"this train cell's configuration. Load a checkpoint written by the same configuration, or "
+                         f"call load_state_dict()/set_sense_scale() with valid values.")
+
+
+def check_cell_state(cell):
+    """Raise ``ValueError`` if ``cell`` (a :class:`lossscale.TrainOneStepWithLossScaleCell`) holds a loss-scale
+    state it cannot train with: a scale that is not finite, not > 0 or outside the update cell's bounds, a
+    fixed update cell whose scale was changed, counters outside their ranges. One host sync."""
+    scale = cell.get_loss_scale()
+    try:
+        positive_scale("scale_sense", scale)
+    except ValueError:
+        raise ValueError(f"'scale_sense' holds {scale!r}: a loss scale must be finite and > 0 (MindSpore's own cell "
+                         f"writes inf once its scale grows past 2**127). Set a valid scale with set_sense_scale() "
+                         f"or load_state_dict() before training.") from None
+    update_cell = cell.loss_scaling_manager
+    if isinstance(update_cell, DynamicLossScaleUpdateCell):
+        policy = update_cell.policy
+        _in_range("scale_sense", scale, float(np.float32(policy.min_scale)), policy.ceiling)
+        _in_range("loss_scale_good_steps", int(_value(update_cell.good_steps)[0]), 0, policy.growth_interval - 1)
+        _in_range("loss_scale_hysteresis_left", int(_value(update_cell.hysteresis_left)[0]), 1, policy.hysteresis)
+    elif isinstance(update_cell, FixedLossScaleUpdateCell):
+        fixed = float(np.float32(update_cell.loss_scale_value))
+        if scale != fixed:
+            raise ValueError(f"'scale_sense' holds {scale!r} but the FixedLossScaleUpdateCell fixes the scale at "
+                             f"{fixed!r}: the loaded state comes from another configuration. Build the update cell "
+                             f"with {scale!r}, or set the scale back with load_state_dict().")
+    for name, count in cell.overflow_counters().items():
+        _in_range(f"loss_scale_{name}", count, 0, INT32_MAX)
+    if cell.accumulation is not None:
+        _in_range("loss_scale_micro_step", int(_value(cell.accumulation.micro_step)[0]), 0,
+                  cell.accumulation_steps - 1)
+
+
+def restore_loss_scale(cell, param_dict):
+    """Load the loss-scale state of a checkpoint into ``cell``; return the names loaded.
+
+    For checkpoints loaded the usual MindSpore way, into the bare network (``load_param_into_net(net,
+    ckpt)`` before the train cell exists), which ignores the loss-scale state and would restart the
+    scale at its initial value. ``param_dict`` is what ``mindspore.load_checkpoint`` returns. Validated
+    (:func:`check_cell_state`): on error nothing changes. Raises ``ValueError`` if the checkpoint holds
+    no loss-scale state.
+    """
+    own = {parameter.name: parameter for parameter in cell.get_parameters() if is_loss_scale_state(parameter.name)}
+    wanted = {name: value for name, value in param_dict.items() if name in own}
+    if not wanted:
+        raise ValueError(f"the checkpoint holds none of this train cell's loss-scale state ({', '.join(sorted(own))}): "
+                         f"it was saved from the bare network or by a cell without loss scaling.")
+    saved = {name: Parameter(Tensor(own[name].asnumpy()), name=name) for name in wanted}
+    load_param_into_net(cell, {name: value if isinstance(value, Parameter) else Parameter(value, name=name)
+                               for name, value in wanted.items()})
+    try:
+        check_cell_state(cell)
+    except ValueError:
+        load_param_into_net(cell, saved)
+        raise
+    cell.state_checked()
+    return sorted(wanted)
+
+
+def checkpoint_choice(cell):
+    """A ``choice_func`` for ``mindspore.save_checkpoint`` that leaves the accumulators out when they are empty.
+
+    The float32 accumulators of ``accumulation_steps > 1`` are zero at a window boundary, where a
+    checkpoint does not need them (a cell built fresh has them zero). Mid-window they hold the partial
+    sums and are kept, so that resuming there is exact. The window position is read now (one host
+    sync): build the function right before saving. Without accumulation it keeps everything.
+    """
+    at_boundary = cell.accumulation is None or int(_value(cell.accumulation.micro_step)[0]) == 0
+
+    def choose(name):
+        return not (at_boundary and name.startswith(ACCUMULATOR_PREFIX))
+
+    return choose
