@@ -5,6 +5,13 @@ import weakref
 _OWNERS = weakref.WeakValueDictionary()
 
 
+def check_name(name):
+    """``name`` if it can prefix Parameter names: a non-empty str of letters, digits, '_' and '.'."""
+    if not isinstance(name, str) or not name or not name.replace("_", "a").replace(".", "a").isalnum():
+        raise ValueError(f"'name' must be a non-empty str of letters, digits, '_' and '.', but got {name!r}.")
+    return name
+
+
 def claim_name(name, owner, default):
     """Reserve a Parameter-name prefix for ``owner``: ``name`` if given and free, else ``default``,
     ``default_1``, ``default_2``, ... (the first free one while its previous owner lives).
@@ -21,8 +28,7 @@ def claim_name(name, owner, default):
             if candidate not in _OWNERS:
                 _OWNERS[candidate] = owner
                 return candidate
-    if not isinstance(name, str) or not name or not name.replace("_", "a").replace(".", "a").isalnum():
-        raise ValueError(f"'name' must be a non-empty str of letters, digits, '_' and '.', but got {name!r}.")
+    check_name(name)
     if _OWNERS.get(name, owner) is not owner:
         raise ValueError(f"'name' {name!r} is already used by another {type(_OWNERS[name]).__name__}; its Parameters "
                          f"would collide in a graph. Choose another name, or leave it None for a unique one.")

@@ -77,6 +77,9 @@ _TORCH_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interva
 def _framework_rule(fields, names, base):
     """``base`` (a LossScalePolicy) with ``fields`` replaced; range errors raised as AssertionValueError,
     since PyTorch and Paddle assert on their factors; errors name the caller's spelling."""
+    for field, value in fields.items():
+        if value is None:  # the frameworks have no "derive it" value: None is a type error there
+            raise TypeError(f"'{names.get(field, field)}' must be a number, but got None.")
     values = dict(vars(base), **fields)
     try:
         return build_policy(names, **values)

@@ -53,6 +53,25 @@ def _check_build_arguments(network, optimizer, level, kwargs):
                          "pipeline.")
 
 
+def _check_train_cell_options(options):
+    """The train-cell options of ``Model`` checked when it is built, not when training starts: the same checks as
+    the train cell's, on a throw-away cell-free path."""
+    from lossscale.bookkeeping import PersistentOverflowPolicy, check_debug_flag  # pylint: disable=import-outside-toplevel
+    from lossscale.clipping import GlobalNormClip  # pylint: disable=import-outside-toplevel
+    from lossscale.overflow import make_overflow_check  # pylint: disable=import-outside-toplevel
+    from lossscale._validation import check_int_in_range  # pylint: disable=import-outside-toplevel
+
+    if options.get("clip_global_norm") is not None:
+        GlobalNormClip(options["clip_global_norm"])
+    check_int_in_range("accumulation_steps", options.get("accumulation_steps", 1), low=1)
+    PersistentOverflowPolicy(options.get("overflow_policy", "skip"), options.get("max_consecutive_overflows"))
+    check_debug_flag(options.get("debug_overflow", False))
+    if options.get("overflow_check") is not None:
+        make_overflow_check(options["overflow_check"])
+    for flag in ("extra_outputs", "lr_per_micro_batch"):
+        check_bool(flag, options.get(flag, False))
+
+
 def check_boost_level(boost_level, options, manager):
     """MindSpore's boost cells replace the train cell: refuse what they would drop.
 
@@ -160,6 +179,9 @@ class Model(_MindSporeModel):
                  amp_level="O0", boost_level="O0", **kwargs):
         self._train_cell_options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
         check_boost_level(boost_level, self._train_cell_options, kwargs.get("loss_scale_manager"))
+        if kwargs.get("keep_batchnorm_fp32") is not None:  # MindSpore's Model takes None as "the level's default"
+            check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
+        _check_train_cell_options(self._train_cell_options)
         super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level,
                          **kwargs)
 

@@ -45,6 +45,7 @@ from mindspore.communication.management import GlobalComm
 from mindspore.context import ParallelMode
 
 from lossscale import overflow as _overflow
+from lossscale._naming import check_name
 from lossscale._parameters import write_parameter
 from lossscale._validation import check_bool, positive_float32
 from lossscale.policy import LossScalePolicy, state_dict_values
@@ -162,6 +163,9 @@ class LossScaler(nn.Cell):
 
     def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False, frozen=False):
         super().__init__(auto_prefix=False)
+        if name is not None:
+            check_name(name)
+        check_bool("mutable_rule", mutable_rule)
         self.hyper_map = ops.HyperMap()
         self.check = _overflow.make_overflow_check(overflow_check)
         self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)

@@ -1,0 +1,263 @@
+"""Every argument of every public constructor, swept with bad values: each is refused up front with a TypeError
+or ValueError whose message names the argument (as the caller spelled it) and shows the value.
+
+The values come from one table per kind of argument (a scale, a factor in (0, 1), a count, a flag, a choice),
+crossed with every argument of that kind: types (None, str, bool, list), nan, +-inf, 0, negative, float32-tiny,
+float32-huge, fractional counts, out-of-range counts. ``load_state_dict`` inputs are swept the same way.
+Nothing that would train wrongly later is accepted.
+"""
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
+                       FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
+                       LossScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
+from nets import regression_net
+
+NAN, INF = float("nan"), float("inf")
+WRONG_TYPES = [None, "1", True, [1.0]]
+# Values that no scale accepts: not finite, not > 0, 0 in float32 (1e-46), infinite reciprocal (1e-45), > float32 max.
+BAD_SCALES = WRONG_TYPES + [NAN, INF, -INF, 0.0, -1.0, 1e-46, 1e-45, 1e39]
+BAD_GROWTH = WRONG_TYPES + [NAN, INF, 1.0, 0.5, 0.0, -2.0, 1.00000001, 1e39]
+BAD_BACKOFF = WRONG_TYPES + [NAN, INF, 0.0, 1.0, 1.5, -0.5, 1e-50]
+BAD_COUNTS = [None, "2", True, 1.5, [2], NAN, 0, -1, 2**31]
+BAD_FLAGS = [None, "yes", 1, 0.0, "True"]
+BAD_CHOICE = [None, 1, "bogus", True]
+
+
+def _sweep(arguments):
+    """``[(argument, value)]`` for ``arguments`` mapping a name to its table of bad values."""
+    return [(name, value) for name, values in arguments.items() for value in values]
+
+
+def _ids(cases):
+    return [f"{name}={value!r}" for name, value in cases]
+
+
+def _refused(call, name, value, shown=True):
+    with pytest.raises((TypeError, ValueError)) as refused:
+        call()
+    message = str(refused.value)
+    assert name in message, message
+    if shown and not isinstance(value, (list, Tensor)) and value is not None:
+        spellings = {repr(value), str(value), type(value).__name__}
+        if isinstance(value, float):
+            spellings.add(f"{value:g}")
+        assert any(text in message for text in spellings), message
+    return message
+
+
+# ---- managers, update cells, policies ----------------------------------------------------------------
+
+DYNAMIC_MANAGER = {"init_loss_scale": BAD_SCALES, "scale_factor": BAD_GROWTH, "scale_window": BAD_COUNTS,
+                   "backoff_factor": [v for v in BAD_BACKOFF if v is not None], "hysteresis": BAD_COUNTS,
+                   "consecutive_hysteresis": BAD_FLAGS, "refill_hysteresis_on_backoff": BAD_FLAGS,
+                   "min_loss_scale": WRONG_TYPES + [NAN, INF, -1.0], "max_loss_scale": [v for v in BAD_SCALES
+                                                                                         if v is not None]}
+
+
+@pytest.mark.parametrize("name, value", _sweep(DYNAMIC_MANAGER), ids=_ids(_sweep(DYNAMIC_MANAGER)))
+def test_dynamic_manager_and_update_cell(name, value):
+    _refused(lambda: DynamicLossScaleManager(**{name: value}), name, value)
+    cell_name = "loss_scale_value" if name == "init_loss_scale" else name
+    arguments = {"loss_scale_value": 1024.0, "scale_factor": 2, "scale_window": 100, cell_name: value}
+    _refused(lambda: DynamicLossScaleUpdateCell(**arguments), cell_name, value)
+
+
+FIXED = {"loss_scale": [v for v in BAD_SCALES if v not in (None,)] + [0.5], "drop_overflow_update": BAD_FLAGS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(FIXED), ids=_ids(_sweep(FIXED)))
+def test_fixed_manager(name, value):
+    _refused(lambda: FixedLossScaleManager(**{name: value}), name, value)
+
+
+@pytest.mark.parametrize("value", BAD_SCALES, ids=repr)
+def test_fixed_update_cell(value):
+    _refused(lambda: FixedLossScaleUpdateCell(value), "loss_scale_value", value)
+
+
+POLICY = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_factor": [v for v in BAD_BACKOFF
+                                                                                    if v is not None],
+          "growth_interval": BAD_COUNTS, "hysteresis": BAD_COUNTS, "min_scale": WRONG_TYPES + [NAN, -1.0],
+          "consecutive_hysteresis": BAD_FLAGS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(POLICY), ids=_ids(_sweep(POLICY)))
+def test_policy_and_presets(name, value):
+    _refused(lambda: LossScalePolicy(**{name: value}), name, value)
+    _refused(lambda: get_preset("pytorch", **{name: value}), name, value)
+
+
+@pytest.mark.parametrize("name", [None, 3, "tensorflow", ""], ids=repr)
+def test_unknown_presets(name):
+    _refused(lambda: get_preset(name), "preset", name, shown=name is not None)
+
+
+# ---- the train cell ----------------------------------------------------------------------------------
+
+def _cell(**kwargs):
+    net = regression_net()
+    arguments = dict(network=net, optimizer=nn.SGD(net.trainable_params(), 0.1), scale_sense=Tensor(np.float32(8.0)))
+    arguments.update(kwargs)
+    return TrainOneStepWithLossScaleCell(arguments.pop("network"), arguments.pop("optimizer"),
+                                         arguments.pop("scale_sense"), **arguments)
+
+
+CELL = {"network": [None, "net", nn.SGD], "optimizer": [None, "sgd", nn.Dense(2, 1)],
+        "scale_sense": [None, 8.0, "8", Tensor(np.float32(np.inf)), Tensor(np.float32(0.0)), Tensor(np.float32(-2.0)),
+                        Tensor(np.float32(1e-45)), Tensor(True), Tensor(np.ones(2, np.float32))],
+        "drop_overflow_update": BAD_FLAGS, "overflow_check": BAD_CHOICE[1:],
+        "clip_global_norm": ["1", True, [1.0], NAN, INF, 0.0, -1.0],
+        "accumulation_steps": BAD_COUNTS[1:], "overflow_policy": BAD_CHOICE,
+        "debug_overflow": BAD_FLAGS, "extra_outputs": BAD_FLAGS, "lr_per_micro_batch": BAD_FLAGS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(CELL), ids=_ids(_sweep(CELL)))
+def test_train_cell(name, value):
+    _refused(lambda: _cell(**{name: value}), name, value, shown=not isinstance(value, (Tensor, nn.Cell, type)))
+
+
+@pytest.mark.parametrize("value", ["3", True, 1.5, 0, -1], ids=repr)
+def test_train_cell_max_consecutive_overflows(value):
+    _refused(lambda: _cell(overflow_policy="raise", max_consecutive_overflows=value), "max_consecutive_overflows",
+             value)
+
+
+@pytest.mark.parametrize("value", [8.0, Tensor(np.float32(np.nan)), Tensor(np.float32(0.0)), Tensor(np.float32(-1.0)),
+                                   Tensor(np.float32(1e-45)), Tensor(np.ones(2, np.float32)), Tensor(True)],
+                         ids=repr)
+def test_set_sense_scale(value):
+    _refused(lambda: _cell().set_sense_scale(value), "sens", value, shown=False)
+
+
+# ---- build_train_network and Model -------------------------------------------------------------------
+
+BUILD = {"level": [None, "O4", 2, "o2"], "boost_level": [None, "O3", 1],
+         "cast_model_type": ["float16", None, np.float16, 16], "keep_batchnorm_fp32": BAD_FLAGS,
+         "loss_scale_manager": ["dynamic", 1024, DynamicLossScaleUpdateCell(2.0, 2, 2)],
+         "clip_global_norm": [0.0, "1"], "accumulation_steps": [0, 1.5]}
+
+
+@pytest.mark.parametrize("name, value", _sweep(BUILD), ids=_ids(_sweep(BUILD)))
+def test_build_train_network_and_model(name, value):
+    from lossscale import Model
+
+    net = nn.Dense(4, 2)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    shown = not isinstance(value, (nn.Cell, type))
+    _refused(lambda: build_train_network(net, opt, nn.MSELoss(), **{name: value}), name, value, shown=shown)
+    if name in ("level", "loss_scale_manager", "cast_model_type") or (name == "keep_batchnorm_fp32" and value is None):
+        return  # MindSpore's Model checks these itself (it has no cast_model_type; None is its default)
+    _refused(lambda: Model(net, nn.MSELoss(), opt, amp_level="O2", **{name: value}), name, value, shown=shown)
+
+
+def test_build_train_network_without_a_network_or_optimizer():
+    net = nn.Dense(4, 2)
+    _refused(lambda: build_train_network(None, nn.SGD(net.trainable_params(), 0.1)), "network", None, shown=False)
+    _refused(lambda: build_train_network(net, "sgd"), "optimizer", None, shown=False)
+
+
+# ---- the core and the front-ends -------------------------------------------------------------------------
+
+CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np.float32)), nn.Dense(2, 1)],
+        "name": ["", "a b", 3], "overflow_check": BAD_CHOICE[1:], "mutable_rule": BAD_FLAGS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(CORE), ids=_ids(_sweep(CORE)))
+def test_loss_scaler(name, value):
+    arguments = {"rule": 1024.0, name: value}
+    shown = not isinstance(value, (Tensor, nn.Cell))
+    expected = {"rule": ("scale_sense", "loss_scale")}.get(name, (name,))
+    with pytest.raises((TypeError, ValueError)) as refused:
+        LossScaler(arguments.pop("rule"), **arguments)
+    message = str(refused.value)
+    assert any(word in message for word in expected), message
+    if shown and name == "rule" and isinstance(value, float):
+        assert f"{value!r}" in message or str(value) in message
+
+
+GRAD_SCALER = {"enable": BAD_FLAGS, "init_loss_scaling": BAD_SCALES, "incr_ratio": BAD_GROWTH,
+               "decr_ratio": BAD_BACKOFF, "incr_every_n_steps": BAD_COUNTS, "decr_every_n_nan_or_inf": BAD_COUNTS,
+               "use_dynamic_loss_scaling": BAD_FLAGS}
+TORCH_SCALER = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_factor": BAD_BACKOFF,
+                "growth_interval": BAD_COUNTS, "enabled": BAD_FLAGS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(GRAD_SCALER) + _sweep(TORCH_SCALER),
+                         ids=_ids(_sweep(GRAD_SCALER) + _sweep(TORCH_SCALER)))
+def test_grad_scalers(name, value):
+    _refused(lambda: GradScaler(**{name: value}), name, value)
+
+
+KERAS = {"dynamic": BAD_FLAGS, "initial_scale": BAD_SCALES[1:], "dynamic_growth_steps": BAD_COUNTS[1:]}
+
+
+@pytest.mark.parametrize("name, value", _sweep(KERAS), ids=_ids(_sweep(KERAS)))
+def test_loss_scale_optimizer(name, value):
+    optimizer = nn.SGD(nn.Dense(2, 1).trainable_params(), 0.1)
+    with pytest.raises(ValueError) as refused:  # Keras raises ValueError for every invalid argument
+        LossScaleOptimizer(optimizer, **{name: value})
+    assert name in str(refused.value)
+
+
+MONITOR = {"csv_path": [True, 3, 1.5], "print_summary": BAD_FLAGS, "stream": ["stdout", 3]}
+
+
+@pytest.mark.parametrize("name, value", _sweep(MONITOR), ids=_ids(_sweep(MONITOR)))
+def test_monitor(name, value):
+    _refused(lambda: LossScaleMonitor(**{name: value}), name, value, shown=False)
+
+
+# ---- load_state_dict -----------------------------------------------------------------------------------
+
+GOOD_STATE = {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
+BAD_STATES = ([("state_dict", value) for value in (None, [1024.0], "x")]
+              + [(key, "missing") for key in GOOD_STATE]
+              + [(key, value) for key in GOOD_STATE for value in (None, "1", True, NAN, INF, -1, [1, 2])]
+              + [("good_steps", 1.5), ("hysteresis_left", 0), ("hysteresis_left", 2), ("good_steps", 100),
+                 ("loss_scale", 0.5), ("loss_scale", 1e39)])
+
+
+def _bad_state(key, value):
+    if key == "state_dict":
+        return value
+    if value == "missing":
+        return {k: v for k, v in GOOD_STATE.items() if k != key}
+    return dict(GOOD_STATE, **{key: value})
+
+
+def _state_owners():
+    manager = DynamicLossScaleManager(2**10, scale_window=100)
+    cell = DynamicLossScaleUpdateCell(2.0**10, 2, 100)
+    step = _cell(scale_sense=DynamicLossScaleManager(2**10, scale_window=100).get_update_cell())
+    return {"manager": manager, "update_cell": cell, "train_cell": step}
+
+
+@pytest.mark.parametrize("key, value", BAD_STATES, ids=[f"{k}={v!r}" for k, v in BAD_STATES])
+def test_dynamic_load_state_dict_names_the_key_and_changes_nothing(key, value):
+    for owner, target in _state_owners().items():
+        before = target.state_dict()
+        with pytest.raises((TypeError, ValueError)) as refused:
+            target.load_state_dict(_bad_state(key, value))
+        message = str(refused.value)
+        assert (key if key != "state_dict" else "state_dict") in message, (owner, message)
+        assert target.state_dict() == before, owner
+
+
+@pytest.mark.parametrize("state", [None, {}, {"loss_scale": None}, {"loss_scale": NAN}, {"loss_scale": 512.0},
+                                   {"loss_scale": "1024"}], ids=repr)
+def test_fixed_load_state_dict(state):
+    for target in (FixedLossScaleManager(1024.0), FixedLossScaleUpdateCell(1024.0)):
+        with pytest.raises((TypeError, ValueError)) as refused:
+            target.load_state_dict(state)
+        assert "state_dict" in str(refused.value)
+
+
+def test_sweep_size():
+    """The number of bad inputs this file tries (reported in the closing note of the issue)."""
+    tables = [DYNAMIC_MANAGER, FIXED, POLICY, CELL, BUILD, CORE, GRAD_SCALER, TORCH_SCALER, KERAS, MONITOR]
+    count = sum(len(_sweep(table)) for table in tables) + len(BAD_SCALES) + 4 + 6 + 7 + 2
+    count += len(BAD_STATES) * 3 + 6 * 2
+    assert count > 400

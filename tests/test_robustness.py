@@ -1,0 +1,414 @@
+"""Train cell, Model and checkpoints: no silent failure. One regression test per defect of issue 13 (each
+failed on the code before it), checkpoint paths as differential runs against an uninterrupted run."""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, context, nn, ops
+from mindspore.common import dtype as mstype
+
+from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, Model,
+                       PersistentOverflowError, TrainOneStepWithLossScaleCell, build_train_network)
+from lossscale.checkpoints import restore_loss_scale
+from nets import regression_batches, regression_net, snapshot, training_state
+
+BATCHES = regression_batches(8, seed=11)
+
+
+def _dynamic_cell(net=None, **kwargs):
+    net = net or regression_net()
+    manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=2, **kwargs)
+    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
+                                         manager.get_update_cell())
+
+
+def _run(cell, batches, inject=()):
+    """Call ``cell`` on ``batches`` (an inf in the input of the calls in ``inject``); return flags and scales."""
+    flags, scales = [], []
+    for i, (x, y) in enumerate(batches):
+        if i in inject:
+            x = x.copy()
+            x[0, 0] = np.inf
+        _, overflow, scale = cell(Tensor(x), Tensor(y))[:3]
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(np.asarray(scale.asnumpy()).reshape(-1)[0]))
+    return flags, scales
+
+
+def _same_weights(a, b):
+    for name, value in training_state(a).items():
+        np.testing.assert_array_equal(training_state(b)[name], value, err_msg=name)
+
+
+def _checkpoint(cell, path):
+    ms.save_checkpoint(cell, str(path))
+    return ms.load_checkpoint(str(path))
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_is_loaded(tmp_path):
+    """MindSpore's recipe: FixedLossScaleManager(S, False) and an optimizer with loss_scale=S. A checkpoint of a
+    dynamic run (scale_sense = 2**16) used to replace the scale while the optimizer kept dividing by S."""
+    dynamic = _dynamic_cell()
+    dynamic.set_sense_scale(Tensor(np.float32(2**16)))
+    saved = _checkpoint(dynamic, tmp_path / "dynamic.ckpt")
+
+    def recipe():
+        net = regression_net()
+        manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
+        cell = build_train_network(net, nn.Momentum(net.trainable_params(), 0.02, 0.9, loss_scale=1024.0),
+                                   level="O0", loss_scale_manager=manager)
+        return cell, manager
+
+    resumed, manager = recipe()
+    not_loaded, unused = ms.load_param_into_net(resumed, saved)
+    assert "scale_sense" in unused and "scale_sense" not in {p.name for p in resumed.get_parameters()}
+    uninterrupted, _ = recipe()
+    ms.load_param_into_net(uninterrupted, {k: v for k, v in saved.items() if k != "scale_sense"})
+    assert _run(resumed, BATCHES) == _run(uninterrupted, BATCHES)
+    _same_weights(resumed, uninterrupted)
+    assert resumed.get_loss_scale() == manager.get_loss_scale() == 1024.0 and not_loaded == []
+
+
+def test_an_inf_scale_in_a_checkpoint_is_refused_before_the_first_step(tmp_path):
+    """MindSpore's own cell writes inf once its scale grows past 2**127; such a checkpoint used to skip every
+    step forever, silently, and overflow_policy='raise' never fired."""
+    source = _dynamic_cell()
+    source.loss_scaler.scale_value.set_data(Tensor(np.float32(np.inf)))
+    saved = _checkpoint(source, tmp_path / "inf.ckpt")
+    target = _dynamic_cell()
+    ms.load_param_into_net(target, saved)
+    before = snapshot(target)
+    x, y = BATCHES[0]
+    with pytest.raises(ValueError, match=r"'scale_sense' holds inf: a loss scale must be finite and > 0"):
+        target(Tensor(x), Tensor(y))
+    assert all(np.array_equal(before[k], v, equal_nan=True) for k, v in snapshot(target).items())
+    target.load_state_dict({"loss_scale": 1024.0, "good_steps": 0, "hysteresis_left": 1})
+    assert _run(target, BATCHES[:2]) == ([False, False], [1024.0, 2048.0])
+
+
+def test_counters_of_another_configuration_are_refused(tmp_path):
+    """A hysteresis_left of 3 from a hysteresis-3 run, loaded into a hysteresis-1 cell, used to absorb overflows."""
+    source = _dynamic_cell(hysteresis=3)
+    saved = _checkpoint(source, tmp_path / "h3.ckpt")
+    target = _dynamic_cell()
+    ms.load_param_into_net(target, saved)
+    with pytest.raises(ValueError, match=r"'loss_scale_hysteresis_left' holds 3, outside \[1, 1\]"):
+        target.check_state()
+    counters = _dynamic_cell()
+    counters.counters.steps.set_data(Tensor(-5, mstype.int32))
+    with pytest.raises(ValueError, match=r"'loss_scale_steps' holds -5"):
+        counters.check_state()
+
+
+def test_the_update_cell_recovers_from_a_state_loaded_after_the_first_step():
+    """A load after the first step is not checked on the host; the update cell brings the state back within
+    its rule instead of keeping inf (inf * 0.5 is inf)."""
+    cell = _dynamic_cell(max_loss_scale=2.0**20)
+    _run(cell, BATCHES[:1])
+    cell.loss_scaler.scale_value.set_data(Tensor(np.float32(np.inf)))
+    flags, scales = _run(cell, BATCHES[1:3])
+    assert flags == [True, False] and scales == [2.0**19, 2.0**19]
+
+
+def test_weights_only_checkpoint_starts_the_scale_fresh(tmp_path):
+    trained = _dynamic_cell()
+    _run(trained, BATCHES[:3], inject={1})
+    weights = {k: v for k, v in _checkpoint(trained, tmp_path / "all.ckpt").items() if not k.startswith(
+        ("scale_sense", "loss_scale_"))}
+    resumed, fresh = _dynamic_cell(), _dynamic_cell()
+    ms.load_param_into_net(resumed, weights)
+    ms.load_param_into_net(fresh, weights)
+    assert resumed.get_loss_scale() == 4096.0
+    assert _run(resumed, BATCHES[3:]) == _run(fresh, BATCHES[3:])
+    _same_weights(resumed, fresh)
+
+
+def test_a_checkpoint_loaded_into_the_bare_network_restores_the_scale_with_restore_loss_scale(tmp_path):
+    """The usual MindSpore way (load_param_into_net(network, ckpt), then the train cell) silently restarted the
+    scale; restore_loss_scale(cell, ckpt) continues exactly as the uninterrupted run."""
+    uninterrupted = _dynamic_cell()
+    _run(uninterrupted, BATCHES[:4], inject={1})
+    saved = _checkpoint(uninterrupted, tmp_path / "cell.ckpt")
+    network = regression_net()
+    ms.load_param_into_net(network, saved)
+    resumed = _dynamic_cell(net=network)
+    ms.load_param_into_net(resumed.optimizer, saved)
+    assert resumed.get_loss_scale() == 4096.0  # what the bare-network load gives: the initial scale
+    names = restore_loss_scale(resumed, saved)
+    assert "scale_sense" in names and resumed.get_loss_scale() == uninterrupted.get_loss_scale()
+    assert _run(resumed, BATCHES[4:], inject={6}) == _run(uninterrupted, BATCHES[4:], inject={6})
+    _same_weights(resumed, uninterrupted)
+    with pytest.raises(ValueError, match="holds none of this train cell's loss-scale state"):
+        restore_loss_scale(_dynamic_cell(), {k: v for k, v in saved.items() if not k.startswith("loss_scale_")
+                                             and k != "scale_sense"})
+
+
+def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
+    source = _dynamic_cell(hysteresis=2)
+    saved = _checkpoint(source, tmp_path / "h2.ckpt")
+    target = _dynamic_cell()
+    before = snapshot(target)
+    with pytest.raises(ValueError, match="loss_scale_hysteresis_left"):
+        restore_loss_scale(target, saved)
+    assert all(np.array_equal(before[k], v) for k, v in snapshot(target).items())
+
+
+def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path):
+    def cell():
+        net = regression_net()
+        return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
+                                             DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
+                                             accumulation_steps=2)
+
+    uninterrupted = cell()
+    _run(uninterrupted, BATCHES[:4])
+    path = tmp_path / "boundary.ckpt"
+    ms.save_checkpoint(uninterrupted, str(path), choice_func=uninterrupted.checkpoint_choice())
+    saved = ms.load_checkpoint(str(path))
+    assert not [k for k in saved if k.startswith("loss_scale_accumulator.")] and "loss_scale_micro_step" in saved
+    resumed = cell()
+    not_loaded, _ = ms.load_param_into_net(resumed, saved)
+    assert all(name.startswith("loss_scale_accumulator.") for name in not_loaded)
+    assert _run(resumed, BATCHES[4:]) == _run(uninterrupted, BATCHES[4:])
+    _same_weights(resumed, uninterrupted)
+    _run(uninterrupted, BATCHES[:1])  # mid-window: the accumulators are kept
+    mid = tmp_path / "mid.ckpt"
+    ms.save_checkpoint(uninterrupted, str(mid), choice_func=uninterrupted.checkpoint_choice())
+    assert [k for k in ms.load_checkpoint(str(mid)) if k.startswith("loss_scale_accumulator.")]
+
+
+# ---- decisions -------------------------------------------------------------------------------------
+
+class HugeGradient(nn.Cell):
+    """``loss = w * x``: the gradient is ``x``, 3e38 (finite in float32); two of them sum to inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones(1, np.float32)), name="w")
+
+    def construct(self, x):
+        return ops.reduce_sum(self.w * x)
+
+
+def test_finite_micro_batch_gradients_whose_sum_is_inf_skip_the_window():
+    net = HugeGradient()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 1e-40), Tensor(np.float32(1.0)),
+                                         accumulation_steps=2)
+    x = Tensor(np.array([3e38], np.float32))
+    first = cell(x)
+    second = cell(x)
+    assert not bool(first[1].asnumpy()) and bool(second[1].asnumpy())
+    assert net.w.asnumpy().tolist() == [1.0] and cell.overflow_counters()["skipped_steps"] == 1
+
+
+def test_an_overridden_get_overflow_status_is_honoured_under_accumulation():
+    class AlwaysOverflow(TrainOneStepWithLossScaleCell):
+        def get_overflow_status(self, status, compute_output):
+            return Tensor(True)
+
+    net = regression_net()
+    cell = AlwaysOverflow(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)), accumulation_steps=2)
+    before = training_state(net)
+    flags, _ = _run(cell, BATCHES[:4])
+    assert flags == [False, True, False, True] and cell.overflow_counters()["skipped_steps"] == 2
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+
+
+class ZeroSizeParameter(nn.Cell):
+    """A network with a trainable Parameter of zero elements (an empty prefix), as some adapters have."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Dense(6, 3)
+        self.empty = Parameter(Tensor(np.zeros((0, 3), np.float32)), name="empty")
+        self.loss = nn.MSELoss()
+
+    def construct(self, x, y):
+        logits = ops.concat((self.empty, self.body(x)), 0)
+        return self.loss(logits, y)
+
+
+class PlainSGD(nn.Optimizer):
+    """``w -= lr * g`` with no optimizer state (MindSpore's own optimizers cannot clone a zero-size Parameter)."""
+
+    def construct(self, grads):
+        return self.hyper_map(ops.partial(_sgd_update, self.get_lr()), self._parameters, grads)
+
+
+_sgd_update = ops.MultitypeFuncGraph("_sgd_update")
+
+
+@_sgd_update.register("Tensor", "Tensor", "Tensor")
+def _tensor_sgd_update(lr, weight, grad):
+    return ops.assign(weight, weight - lr * grad)
+
+
+def test_a_zero_size_parameter_does_not_fake_overflows():
+    """MindSpore's CPU ReduceSum of an empty tensor returns uninitialised memory: clean steps were flagged and
+    the scale fell forever."""
+    net = ZeroSizeParameter()
+    cell = TrainOneStepWithLossScaleCell(net, PlainSGD(0.01, net.trainable_params()),
+                                         DynamicLossScaleManager(2**10, scale_window=2).get_update_cell(),
+                                         clip_global_norm=10.0)
+    flags, scales = _run(cell, BATCHES * 2)
+    assert flags == [False] * 16 and scales[-1] == 2.0**18
+
+
+class Bfloat16Loss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Dense(6, 3)
+        self.loss = nn.MSELoss()
+
+    def construct(self, x, y):
+        return ops.cast(self.loss(self.body(x), y), mstype.bfloat16)
+
+
+def test_a_bfloat16_loss_trains_like_mindsporess_plain_cell():
+    ms.set_seed(1)
+    ours, theirs = Bfloat16Loss(), Bfloat16Loss()
+    ms.load_param_into_net(theirs, {p.name: Parameter(p.data.copy(), name=p.name) for p in ours.get_parameters()})
+    cell = TrainOneStepWithLossScaleCell(ours, nn.SGD(ours.trainable_params(), 0.1), Tensor(np.float32(1.0)))
+    plain = nn.TrainOneStepCell(theirs, nn.SGD(theirs.trainable_params(), 0.1))
+    for x, y in BATCHES[:3]:
+        assert not bool(cell(Tensor(x), Tensor(y))[1].asnumpy())
+        plain(Tensor(x), Tensor(y))
+    _same_weights(ours, theirs)
+
+
+def test_raise_policy_reads_the_scale_after_a_resume(tmp_path):
+    """The host copy of the scale was taken at construction: a cell built at its minimum scale that resumed at
+    2**15 raised PersistentOverflowError on its first overflow, naming the wrong scale."""
+    source = _dynamic_cell()
+    source.set_sense_scale(Tensor(np.float32(2.0**15)))
+    saved = _checkpoint(source, tmp_path / "s.ckpt")
+    net = regression_net()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
+                                         DynamicLossScaleManager(1.0, scale_window=2).get_update_cell(),
+                                         overflow_policy="raise")
+    ms.load_param_into_net(cell, saved)
+    flags, scales = _run(cell, BATCHES[:2], inject={0})
+    assert flags == [True, False] and scales == [2.0**14, 2.0**14]
+    cell.set_sense_scale(Tensor(np.float32(1.0)))
+    with pytest.raises(PersistentOverflowError, match="already at its minimum 1; loss scale 1,"):
+        _run(cell, BATCHES[:1], inject={0})
+
+
+def test_set_sense_scale_keeps_to_the_rule():
+    cell = _dynamic_cell(max_loss_scale=2.0**14)
+    with pytest.raises(ValueError, match=r"within the update cell's \[min_loss_scale, max_loss_scale\]"):
+        cell.set_sense_scale(Tensor(np.float32(2.0**20)))
+    net = regression_net()
+    fixed = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), FixedLossScaleUpdateCell(512.0))
+    with pytest.raises(ValueError, match="FixedLossScaleUpdateCell, which fixes it at 512.0"):
+        fixed.set_sense_scale(Tensor(np.float32(1024.0)))
+    assert cell.get_loss_scale() == 4096.0 and fixed.get_loss_scale() == 512.0
+
+
+def test_extra_outputs_give_the_learning_rate_and_the_global_norm():
+    net = regression_net()
+    schedule = nn.piecewise_constant_lr([2, 4], [0.1, 0.01])
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), schedule), Tensor(np.float32(256.0)),
+                                         extra_outputs=True)
+    grad_fn = ms.value_and_grad(net, None, net.trainable_params())
+    rates = []
+    for x, y in BATCHES[:3]:
+        _, grads = grad_fn(Tensor(x), Tensor(y))
+        expected = np.sqrt(sum(float((g.asnumpy().astype(np.float64) ** 2).sum()) for g in grads))
+        outputs = cell(Tensor(x), Tensor(y))
+        assert len(outputs) == 5
+        rates.append(round(float(outputs[3].asnumpy()), 6))
+        assert float(outputs[4].asnumpy()) == pytest.approx(expected, rel=1e-5)
+    assert rates == [0.1, 0.1, 0.01]
+
+
+@pytest.mark.parametrize("per_micro_batch, expected", [(False, 2), (True, 8)])
+def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, expected):
+    net = regression_net()
+    optimizer = nn.SGD(net.trainable_params(), 0.01)
+    cell = TrainOneStepWithLossScaleCell(net, optimizer, Tensor(np.float32(64.0)), accumulation_steps=4,
+                                         lr_per_micro_batch=per_micro_batch)
+    _run(cell, BATCHES)
+    assert int(optimizer.global_step.asnumpy()) == expected
+
+
+# ---- parallel modes ----------------------------------------------------------------------------------
+
+class RemoteRankFlag(nn.Cell):
+    """Stands in for the flag all-reduce: adds the flag another rank would contribute (held in a Parameter: a
+    constant nan added inside a compiled graph gave 0 here, measured on MindSpore 2.10 CPU)."""
+
+    def __init__(self, remote):
+        super().__init__()
+        self.remote = Parameter(Tensor(np.float32(remote)), name="remote_rank_flag", requires_grad=False)
+
+    def construct(self, flag):
+        return flag + self.remote
+
+
+@pytest.mark.parametrize("mode", ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel",
+                                  "auto_parallel"])
+def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
+    """As MindSpore's own cell: the decision is all-reduced in every mode but stand-alone, so an overflow on another
+    rank skips this one too. (Semi-auto and auto parallel do not run on CPU: the cell is built in the mode, then
+    run stand-alone with a stand-in for the collective.)"""
+    context.set_auto_parallel_context(parallel_mode=mode)
+    try:
+        net = regression_net()
+        cell = _dynamic_cell(net)
+    finally:
+        context.reset_auto_parallel_context()
+    distributed = mode != "stand_alone"
+    assert cell.loss_scaler.is_distributed == distributed
+    if distributed:
+        cell.loss_scaler.allreduce = RemoteRankFlag(np.nan)
+    cell.grad_reducer = ops.identity
+    before = training_state(net)
+    flags, _ = _run(cell, BATCHES[:1])
+    assert flags == [distributed]
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items()) == distributed
+
+
+def test_pipeline_parallel_is_refused_with_what_to_use():
+    net = regression_net()
+    context.set_auto_parallel_context(pipeline_stages=2)
+    try:
+        with pytest.raises(ValueError, match="pipeline parallel .* needs MindSpore's pipeline train cell"):
+            build_train_network(net, nn.SGD(net.trainable_params(), 0.1), level="O0",
+                                loss_scale_manager=DynamicLossScaleManager())
+    finally:
+        context.reset_auto_parallel_context()
+
+
+# ---- Model and build_train_network -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"boost_level": "O1", "clip_global_norm": 1.0}, "clip_global_norm would be ignored"),
+    ({"boost_level": "O2", "accumulation_steps": 2, "overflow_policy": "warn"}, "accumulation_steps, overflow_policy"),
+    ({"boost_level": "O1", "loss_scale_manager": DynamicLossScaleManager()}, "does not run on CPU"),
+    ({"boost_level": "O3"}, "'boost_level' must be one of"),
+])
+def test_boost_level_refuses_what_it_would_drop(kwargs, pattern):
+    net = nn.Dense(4, 2)
+    with pytest.raises(ValueError, match=pattern):
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), **kwargs)
+    with pytest.raises(ValueError, match=pattern):
+        build_train_network(net, nn.SGD(net.trainable_params(), 0.1), nn.MSELoss(), **kwargs)
+
+
+def test_a_network_with_several_outputs_is_refused_clearly():
+    class TwoOutputs(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Dense(6, 3)
+
+        def construct(self, x, y):
+            out = self.dense(x)
+            return out.mean(), out.sum()
+
+    net = TwoOutputs()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)))
+    x, y = BATCHES[0]
+    with pytest.raises(TypeError, match="the network returned a tuple: a train cell needs .* one Tensor"):
+        cell(Tensor(x), Tensor(y))
