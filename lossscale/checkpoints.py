@@ -78,6 +78,23 @@ def restore_loss_scale(cell, param_dict):
     scale at its initial value. ``param_dict`` is what ``mindspore.load_checkpoint`` returns. Validated
     (:func:`check_cell_state`): on error nothing changes. Raises ``ValueError`` if the checkpoint holds
     no loss-scale state.
+
+    Example:
+        >>> import numpy as np
+        >>> import mindspore as ms
+        >>> from mindspore import nn
+        >>> from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell
+        >>> def step(net):
+        ...     update = DynamicLossScaleManager(init_loss_scale=2**10).get_update_cell()
+        ...     return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), update)
+        >>> trained = step(nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss()))
+        >>> trained.set_sense_scale(Tensor(np.float32(2.0**14)))
+        >>> checkpoint = {p.name: p for p in trained.get_parameters()}      # as load_checkpoint returns
+        >>> network = nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss())
+        >>> _ = ms.load_param_into_net(network, checkpoint)                # the weights, the usual way
+        >>> resumed = step(network)
+        >>> "scale_sense" in restore_loss_scale(resumed, checkpoint), resumed.get_loss_scale()
+        (True, 16384.0)
     """
     own = {parameter.name: parameter for parameter in cell.get_parameters() if is_loss_scale_state(parameter.name)}
     wanted = {name: value for name, value in param_dict.items() if name in own}
