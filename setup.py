@@ -28,7 +28,7 @@ setup(
     ],
     extras_require={
         "plot": ["matplotlib>=3.5"],
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.5", "psutil>=5"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5", "psutil>=5"],
     },
     entry_points={"console_scripts": ["lossscale=lossscale.__main__:main"]},
     license="Apache-2.0",

@@ -87,6 +87,7 @@ def test_no_process_left_behind(two_ranks):
     assert leftovers == []
 
 
+@pytest.mark.slow  # kept long: it is what the test checks (a full run)
 def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
     command = [sys.executable, "-m", "lossscale", "train", "--workers", "2", "--model", "mlp", "--epochs", "1",
                "--no-progress", "--output", str(tmp_path)]

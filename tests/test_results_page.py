@@ -8,6 +8,7 @@ differently and training amplifies it, so numbers must agree within 1.5 plus 10%
 percentages, losses, step counts), and everything else (the configuration, rows, scales' wording) must
 be equal.
 """
+import json
 import os
 import re
 import shlex
@@ -37,6 +38,7 @@ def _same_numbers(ours, theirs, exact):
     return all(abs(float(a) - float(b)) <= 1.5 + 0.1 * abs(float(b)) for a, b in zip(ours, theirs))
 
 
+@pytest.mark.slow  # kept long: it is what the test checks (a full run)
 def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, capsys):
     with open(PAGE, encoding="utf-8") as handle:
         committed = handle.read()
@@ -45,8 +47,18 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
     fresh_page = tmp_path / "docs" / "results.md"
     assert main([*arguments[:-2], "--no-progress", "--output", str(tmp_path / "run"),
                  "--results", str(fresh_page)]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    table = out[out.index("run "):].splitlines()
+    assert [line.split()[0] for line in table[2:6]] == ["fp32", "fp16", "fp16", "fp16"]
+    assert re.search(r"fp16 dynamic reaches [0-9.]+% test accuracy, .* fp32 \([0-9.]+%\)", out)
     fresh = fresh_page.read_text().replace(str(fresh_page), "docs/results.md")
+    runs = json.loads((tmp_path / "run" / "compare.json").read_text())
+    for label, result in runs.items():  # the page shows what the run measured, and the run wrote its files
+        assert f"| {label} | {100 * result['test_accuracy']:.2f} | " in fresh, label
+    # With a 1e-4 loss weight, fp16 without scaling loses gradient elements and dynamic scaling does not.
+    assert runs["fp32"]["gradient_lost_fraction"] == 0.0
+    assert runs["fp16 dynamic"]["gradient_lost_fraction"] < 0.01 < runs["fp16 no scaling"]["gradient_lost_fraction"]
+    assert (tmp_path / "run" / "compare.png").exists() and (tmp_path / "run" / "compare.txt").exists()
     exact = machine_description() in _machine_line(committed)
     committed_lines, fresh_lines = committed.splitlines(), fresh.splitlines()
     assert len(committed_lines) == len(fresh_lines)

@@ -47,6 +47,9 @@ def test_graph_cell_equals_policy_on_random_overflows(drivers, name, flags):
     _assert_cell_follows_policy(drivers[name], flags)
 
 
+_SWITCHABLE = {}  # consecutive_hysteresis -> a compiled driver whose rule is held in Parameters
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     scale_exp=st.integers(-10, 127),
@@ -58,11 +61,19 @@ def test_graph_cell_equals_policy_on_random_overflows(drivers, name, flags):
     flags=st.lists(st.booleans(), min_size=1, max_size=120),
 )
 def test_random_policy_graph_equals_policy(scale_exp, factor, window, hysteresis, consecutive, min_exp, flags):
+    """Random rules, applied by one compiled cell per hysteresis mode whose rule is held in Parameters
+    (GradScaler's mode): ``set_policy`` reaches the compiled graph, so every example reuses it."""
     min_scale = 1.0 if min_exp is None else 2.0**min_exp
-    cell = DynamicLossScaleUpdateCell(max(2.0**scale_exp, min_scale), factor, window, hysteresis=hysteresis,
-                                      consecutive_hysteresis=consecutive, min_loss_scale=min_scale)
-    driver = UpdateCellDriver(cell)
-    expected = run(cell.policy, flags)
+    policy = DynamicLossScaleUpdateCell(max(2.0**scale_exp, min_scale), factor, window, hysteresis=hysteresis,
+                                        consecutive_hysteresis=consecutive, min_loss_scale=min_scale).policy
+    driver = _SWITCHABLE.get(consecutive)
+    if driver is None:
+        cell = DynamicLossScaleUpdateCell(1.0, 2, 1, consecutive_hysteresis=consecutive)
+        cell.hold_rule_in_parameters()
+        driver = _SWITCHABLE.setdefault(consecutive, UpdateCellDriver(cell))
+    cell = driver.update_cell
+    cell.set_policy(policy, initial_state(policy))
+    expected = run(policy, flags)
     for flag, state in zip(flags, expected):
         driver(Tensor(flag))
         got = cell.get_state()
