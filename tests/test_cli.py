@@ -209,3 +209,10 @@ def test_module_help_answers_without_importing_mindspore():
             "    pass\nprint('mindspore' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.strip().endswith("False") and "--loss-scale" in done.stdout
+
+
+def test_the_cli_knows_every_demo_model_without_importing_them():
+    from lossscale.cli import MODEL_NAMES
+    from lossscale_models import MODELS
+
+    assert set(MODEL_NAMES) == set(MODELS)
