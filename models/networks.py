@@ -1,14 +1,14 @@
 """Reference networks for the demo, the benchmarks and the tests.
 
 Every network is built by a one-line constructor, takes a float32 batch in the
-layout named by its ``input_layout`` attribute (see :func:`models.data.to_layout`)
+layout named by its ``input_layout`` attribute (see :func:`lossscale_models.data.to_layout`)
 and returns logits. They contain only standard MindSpore cells, so
 ``mindspore.amp.auto_mixed_precision`` (``amp_level`` O0/O2/O3) applies to them.
 
 Example:
     >>> net = create_model("mlp")
     >>> net.input_layout, sum(p.size for p in net.trainable_params())
-    ('flat', 51466)
+    ('flat', 85002)
 """
 import math
 
@@ -122,11 +122,50 @@ class SmallResNet(nn.Cell):
         return self.head(x.mean(axis=(2, 3)))
 
 
+class _SelfAttention(nn.Cell):
+    """Multi-head self-attention whose arithmetic stays in the input's dtype.
+
+    Written out rather than ``nn.TransformerEncoderLayer``: before MindSpore 2.9 a float16 tensor
+    divided by MindSpore's float32 0-d scaling tensor became float32, which its attention then refused
+    in O2/O3. Here the 1/sqrt(head size) factor is cast to the scores' dtype.
+    """
+
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads, self.head_size = heads, d_model // heads
+        self.qkv = _dense(d_model, 3 * d_model)
+        self.out = _dense(d_model, d_model)
+        self.scale = 1.0 / math.sqrt(self.head_size)
+
+    def construct(self, x):
+        batch, tokens, d_model = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.heads, self.head_size).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = ops.matmul(q, k.swapaxes(-1, -2)) * ops.cast(self.scale, q.dtype)
+        weights = ops.softmax(scores, axis=-1)
+        mixed = ops.matmul(weights, v).transpose(0, 2, 1, 3).reshape(batch, tokens, d_model)
+        return self.out(mixed)
+
+
+class _EncoderLayer(nn.Cell):
+    """Pre-norm Transformer encoder layer: ``x + attention(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm((d_model,)), nn.LayerNorm((d_model,))
+        self.attention = _SelfAttention(d_model, heads)
+        self.mlp = nn.SequentialCell([_dense(d_model, 2 * d_model), nn.ReLU(), _dense(2 * d_model, d_model)])
+
+    def construct(self, x):
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
 class TinyTransformer(nn.Cell):
     """A tiny Transformer encoder classifier: the 8 image rows are 8 tokens of 8 pixels.
 
-    Linear embedding + learned positions, ``layers`` encoder layers (pre-norm),
-    mean pooling over tokens, Dense head.
+    Linear embedding + learned positions, ``layers`` pre-norm encoder layers, mean pooling over
+    tokens, Dense head.
 
     Example:
         >>> TinyTransformer(d_model=16, heads=2, layers=1).input_layout
@@ -139,10 +178,7 @@ class TinyTransformer(nn.Cell):
         super().__init__()
         self.embed = _dense(token_size, d_model)
         self.position = Parameter(initializer(Normal(0.02), (1, tokens, d_model)), name="position")
-        self.encoder = nn.SequentialCell([
-            nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=2 * d_model, dropout=0.0,
-                                       batch_first=True, norm_first=True)
-            for _ in range(layers)])
+        self.encoder = nn.SequentialCell([_EncoderLayer(d_model, heads) for _ in range(layers)])
         self.norm = nn.LayerNorm((d_model,))
         self.head = _dense(d_model, num_classes)
 

@@ -330,7 +330,7 @@ def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_ba
     cell = TrainOneStepWithLossScaleCell(net, optimizer, Tensor(np.float32(64.0)), accumulation_steps=4,
                                          lr_per_micro_batch=per_micro_batch)
     _run(cell, BATCHES)
-    assert int(optimizer.global_step.asnumpy()) == expected
+    assert int(optimizer.global_step.asnumpy().reshape(-1)[0]) == expected
 
 
 # ---- parallel modes ----------------------------------------------------------------------------------
