@@ -13,7 +13,7 @@ Algorithm (one call of :func:`update` per training step)::
         if hysteresis_left > 1:
             hysteresis_left -= 1                   # absorbed by the hysteresis
         else:                                      # the N-th overflow (hysteresis N) backs off
-            scale = max(scale * backoff_factor, min_scale)
+            scale = max(scale * backoff_factor, min_scale)   # 0 if below 2**-126 (no subnormal scales)
             hysteresis_left = hysteresis if refill_hysteresis_on_backoff else 1
     else:
         good_steps += 1
@@ -308,9 +308,15 @@ def grown_scale(policy: LossScalePolicy, scale: float) -> float:
     return float(min(candidate, _F32(policy.ceiling)))
 
 
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, 2**-126
+
+
 def backed_off_scale(policy: LossScalePolicy, scale: float) -> float:
-    """``scale * backoff_factor`` in float32, floored at ``min_scale``."""
-    return float(max(_F32(scale) * _F32(policy.backoff_factor), _F32(policy.min_scale)))
+    """``scale * backoff_factor`` in float32, floored at ``min_scale``; a result below the smallest normal
+    float32 is 0. (CPU kernels may flush such subnormal results to zero or not, depending on the thread's
+    floating-point mode, so the rule flushes them always and the device agrees with it.)"""
+    backed_off = float(max(_F32(scale) * _F32(policy.backoff_factor), _F32(policy.min_scale)))
+    return 0.0 if backed_off < FLOAT32_TINY else backed_off
 
 
 def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> LossScaleState:

@@ -52,13 +52,16 @@ _PRESETS = {
 }
 
 #: What each preset does differently from its original, on purpose.
+_NO_SUBNORMALS = (" With no floor, a scale that would fall below 2**-126 (the smallest normal float32) is 0, where the "
+                  "original goes through subnormal values (see lossscale.policy.backed_off_scale).")
 DIFFERENCES = {
     "mindspore": "MindSpore grows the scale to inf (from 2**127 with window 1) and stays there; "
                  "the preset never grows to a non-finite scale.",
-    "pytorch": "none (PyTorch also refuses a non-finite growth).",
-    "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf.",
+    "pytorch": "PyTorch also refuses a non-finite growth." + _NO_SUBNORMALS,
+    "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf."
+              + _NO_SUBNORMALS,
     "paddle_static": "none (the update_loss_scaling op floors at 1 and refuses a non-finite growth).",
-    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf.",
+    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf." + _NO_SUBNORMALS,
     "tf_keras": "none (tf.keras floors the scale at 1 and refuses a non-finite growth).",
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
            "scale; 2**15 is the value of its documentation.",

@@ -14,7 +14,7 @@ from mindspore.common import dtype as mstype
 
 from lossscale._parameters import write_parameter
 from lossscale._validation import check_real, positive_float32
-from lossscale.policy import (LossScaleState, check_state, initial_state, policy_extensions,
+from lossscale.policy import (FLOAT32_TINY, LossScaleState, check_state, initial_state, policy_extensions,
                               policy_from_mindspore_arguments, state_dict_values, state_from_dict)
 
 
@@ -169,6 +169,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self._max_scale = Tensor(policy.ceiling, mstype.float32)
         self._window = Tensor(policy.growth_interval, mstype.int32)
         self._full_hysteresis = Tensor(policy.hysteresis, mstype.int32)
+        self._tiny = Tensor(FLOAT32_TINY, mstype.float32)
         self._zero = Tensor(0, mstype.int32)
         self._one = Tensor(1, mstype.int32)
         self._consecutive = policy.consecutive_hysteresis
@@ -240,11 +241,11 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
     def _state_within_rule(self, loss_scale):
         """The scale and counters brought back within the rule: a loaded state outside it (a checkpoint of
         another configuration, or MindSpore's inf scale) would otherwise never recover (``inf * 0.5`` is
-        inf). A scale that is not finite or not > 0 restarts from the ceiling and backs off from there.
+        inf). A scale that is not finite restarts from the ceiling and backs off from there; others are
+        clipped to [min_loss_scale, max_loss_scale] (with no floor, 0 is a state the rule itself reaches).
         Valid states pass through unchanged; the train cell refuses an invalid one before its first step."""
-        valid = ops.logical_and(ops.isfinite(loss_scale), loss_scale > ops.zeros_like(loss_scale))
         bounded = ops.minimum(ops.maximum(loss_scale, self._min_scale), self._max_scale)
-        scale = ops.select(valid, bounded, ops.broadcast_to(self._max_scale, ops.shape(loss_scale)))
+        scale = ops.select(ops.isfinite(loss_scale), bounded, ops.broadcast_to(self._max_scale, ops.shape(loss_scale)))
         good_steps = ops.minimum(ops.maximum(self.good_steps, self._zero), self._window - self._one)
         hysteresis = ops.minimum(ops.maximum(self.hysteresis_left, self._one), self._full_hysteresis)
         return scale, good_steps, hysteresis
@@ -288,6 +289,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         scale, good_steps, hysteresis = self._state_within_rule(loss_scale)
         # Overflow branch: back off only when the hysteresis is exhausted.
         backed_off = ops.maximum(scale * self._backoff_factor, self._min_scale)
+        backed_off = ops.select(backed_off < self._tiny, ops.zeros_like(backed_off), backed_off)  # no subnormals
         scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, scale)
         if self.policy.refill_hysteresis_on_backoff:
             hysteresis_if_overflow = ops.select(hysteresis <= self._one, self._full_hysteresis, hysteresis - self._one)

@@ -28,9 +28,8 @@ TRAJECTORIES = {
         dict(init_scale=2.0, growth_interval=100), [T, T, T], [1, 1, 1]),
     "floor_at_min_scale": (
         dict(init_scale=64.0, growth_interval=100, min_scale=16.0), [T, T, T, T], [32, 16, 16, 16]),
-    "no_floor_reaches_subnormal": (  # from the smallest valid start, through the subnormals to 0
-        dict(init_scale=2.0**-126, growth_interval=100, min_scale=0.0), [T] * 25,
-        [2.0**-e for e in range(127, 150)] + [0.0, 0.0]),
+    "no_floor_flushes_subnormals_to_zero": (  # below the smallest normal float32 the scale is 0
+        dict(init_scale=2.0**-124, growth_interval=100, min_scale=0.0), [T] * 4, [2.0**-125, 2.0**-126, 0.0, 0.0]),
     "ceiling_caps_growth": (
         dict(init_scale=100.0, growth_interval=1, max_scale=300.0), [F, F, F], [200, 300, 300]),
     "never_grows_to_inf": (

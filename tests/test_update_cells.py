@@ -1,7 +1,7 @@
 """Graph update cells against the pure policy, and against MindSpore's own cell."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mindspore import Parameter, Tensor, nn
 from mindspore.common import dtype as mstype
@@ -18,7 +18,7 @@ FIXED_POLICIES = {
                         consecutive_hysteresis=True),
     "bounded": dict(loss_scale_value=64.0, scale_factor=2, scale_window=1, min_loss_scale=8.0, max_loss_scale=512.0),
     "near_float32_max": dict(loss_scale_value=2.0**125, scale_factor=2, scale_window=1),
-    # the smallest valid start (2**-126: its reciprocal is finite); backoffs then reach subnormals and 0
+    # the smallest normal start (2**-126); a backoff below it gives 0 (no subnormal scales), and 0 stays
     "no_floor": dict(loss_scale_value=2.0**-126, scale_factor=2, scale_window=5, min_loss_scale=0.0,
                      backoff_factor=0.25),
 }
@@ -43,6 +43,7 @@ def _assert_cell_follows_policy(driver, flags):
 @pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
 @_SETTINGS
 @given(flags=st.lists(st.booleans(), min_size=1, max_size=60))
+@example(flags=[True] * 12 + [False, True, False])  # "no_floor" reaches 0, then a clean step must keep it there
 def test_graph_cell_equals_policy_on_random_overflows(drivers, name, flags):
     _assert_cell_follows_policy(drivers[name], flags)
 
