@@ -24,6 +24,13 @@ def regression_batches(count, batch=4, in_features=6, out_features=3, seed=1):
             for _ in range(count)]
 
 
+def with_inf(x):
+    """A copy of the input batch ``x`` with an inf in its first element: every gradient of the step overflows."""
+    x = x.copy()
+    x[0, 0] = np.inf
+    return x
+
+
 def snapshot(cell):
     """Every Parameter of ``cell`` (weights, optimizer state, scale, counters) as numpy copies."""
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}

@@ -18,7 +18,7 @@ from backend_standins import SaturatingNet, StatusRegister
 from lossscale import GradScaler, LossScaleOptimizer, TorchGradScaler, TrainOneStepWithLossScaleCell, get_preset
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
-from nets import GradCapture, own_names, regression_batches, regression_net, training_state
+from nets import GradCapture, own_names, regression_batches, regression_net, training_state, with_inf
 
 T, F = True, False
 SKIP_ITER = 2
@@ -416,8 +416,7 @@ def test_trajectory_and_skips_follow_the_rule(case, compiled):
     scales = []
     for flag, (x, y) in zip(FLAGS, regression_batches(len(FLAGS))):
         if flag:
-            x = x.copy()
-            x[0, 0] = np.inf
+            x = with_inf(x)
         before = training_state(net)
         assert bool(train_step(Tensor(x), Tensor(y)).asnumpy()) == flag
         assert all(np.array_equal(before[k], v) for k, v in training_state(net).items()) == flag
@@ -536,8 +535,7 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
 
     train_step = ms.jit(train_step) if compiled else train_step
     x, y = regression_batches(1)[0]
-    x = x.copy()
-    x[0, 0] = np.inf
+    x = with_inf(x)
     before = training_state(net)
     assert bool(train_step(Tensor(x), Tensor(y)).asnumpy())
     assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
@@ -742,13 +740,19 @@ def test_pytorch_update_without_inf_checks_raises_and_paddle_allows_it():
         _read(only_update(Tensor(1.0)))
 
 
-@pytest.mark.parametrize("new_scale, expected", [(512.0, 512.0), (Tensor(np.float32(8.0)), 8.0)])
-def test_update_with_new_scale(new_scale, expected):
+def _scaler_after_one_step():
+    """A PyTorch-spelled scaler (init_scale 4) that has stepped once, so update() may follow."""
     scaler = GradScaler("cuda", init_scale=4.0)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
     _, grads = _grad_fn(scaler, net, opt)(*[Tensor(a) for a in regression_batches(1)[0]])
     scaler.step(opt, grads)
+    return scaler
+
+
+@pytest.mark.parametrize("new_scale, expected", [(512.0, 512.0), (Tensor(np.float32(8.0)), 8.0)])
+def test_update_with_new_scale(new_scale, expected):
+    scaler = _scaler_after_one_step()
     scaler.update(new_scale)
     assert scaler.get_scale() == expected and scaler.state_dict()["_growth_tracker"] == 0
 
@@ -756,11 +760,7 @@ def test_update_with_new_scale(new_scale, expected):
 @pytest.mark.parametrize("new_scale, error", [(0.0, ValueError), (float("nan"), ValueError), ("2", TypeError),
                                               (Tensor(np.float32(-1.0)), ValueError)])
 def test_update_with_a_bad_new_scale(new_scale, error):
-    scaler = GradScaler("cuda", init_scale=4.0)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    _, grads = _grad_fn(scaler, net, opt)(*[Tensor(a) for a in regression_batches(1)[0]])
-    scaler.step(opt, grads)
+    scaler = _scaler_after_one_step()
     with pytest.raises(error, match="new_scale"):
         scaler.update(new_scale)
     assert scaler.get_scale() == 4.0

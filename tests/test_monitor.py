@@ -124,7 +124,7 @@ def test_one_row_per_optimizer_step_under_accumulation():
     """4 micro-batches per step, an inf in windows 1 and 3 of 4: 2 of 4 optimizer steps skipped (50%), where
     counting calls would give 2 of 16 (12.5%)."""
     from lossscale import TrainOneStepWithLossScaleCell
-    from nets import regression_batches, regression_net
+    from nets import regression_batches, regression_net, with_inf
 
     net = regression_net()
     step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
@@ -134,8 +134,7 @@ def test_one_row_per_optimizer_step_under_accumulation():
     monitor.on_train_begin(_context(None, step))
     for call, (x, y) in enumerate(regression_batches(16)):
         if call in (2, 9):
-            x = x.copy()
-            x[0, 0] = np.inf
+            x = with_inf(x)
         monitor.on_train_step_end(_context(step(Tensor(x), Tensor(y)), step))
     assert [r["overflow"] for r in monitor.records] == [True, False, True, False]
     assert [r["loss_scale"] for r in monitor.records] == [1024.0, 512.0, 512.0, 256.0]

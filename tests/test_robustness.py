@@ -9,7 +9,7 @@ from mindspore.common import dtype as mstype
 from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, Model,
                        PersistentOverflowError, TrainOneStepWithLossScaleCell, build_train_network)
 from lossscale.checkpoints import restore_loss_scale
-from nets import regression_batches, regression_net, snapshot, training_state
+from nets import regression_batches, regression_net, snapshot, training_state, with_inf
 
 BATCHES = regression_batches(8, seed=11)
 
@@ -26,8 +26,7 @@ def _run(cell, batches, inject=()):
     flags, scales = [], []
     for i, (x, y) in enumerate(batches):
         if i in inject:
-            x = x.copy()
-            x[0, 0] = np.inf
+            x = with_inf(x)
         _, overflow, scale = cell(Tensor(x), Tensor(y))[:3]
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(np.asarray(scale.asnumpy()).reshape(-1)[0]))
