@@ -31,6 +31,18 @@ def with_inf(x):
     return x
 
 
+def train_calls(step, batches, inject=(), start=0):
+    """Call the train cell ``step`` on each ``(x, y)`` of ``batches``, numbered from ``start``, with an inf in
+    the calls whose number is in ``inject``; return the lists of losses, overflow flags and scales."""
+    losses, flags, scales = [], [], []
+    for number, (x, y) in enumerate(batches, start):
+        loss, overflow, scale = step(Tensor(with_inf(x) if number in inject else x), Tensor(y))[:3]
+        losses.append(float(loss.asnumpy()))
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(np.asarray(scale.asnumpy()).reshape(-1)[0]))
+    return losses, flags, scales
+
+
 def snapshot(cell):
     """Every Parameter of ``cell`` (weights, optimizer state, scale, counters) as numpy copies."""
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}

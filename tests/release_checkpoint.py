@@ -16,7 +16,7 @@ from mindspore.common import dtype as mstype
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import regression_batches, regression_net, snapshot, with_inf  # noqa: E402  pylint: disable=wrong-import-position
+from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402  pylint: disable=wrong-import-position
 
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
 
@@ -53,17 +53,7 @@ CONFIGS = {
 
 def run_calls(step, injected, first, last):
     """Call ``step`` on batches [first, last); return losses, flags and scales."""
-    batches = regression_batches(STEPS, seed=7)
-    losses, flags, scales = [], [], []
-    for i in range(first, last):
-        x, y = batches[i]
-        if i in injected:
-            x = with_inf(x)
-        loss, overflow, scale = step(Tensor(x), Tensor(y))
-        losses.append(float(loss.asnumpy()))
-        flags.append(bool(overflow.asnumpy()))
-        scales.append(float(np.asarray(scale.asnumpy()).reshape(-1)[0]))
-    return losses, flags, scales
+    return train_calls(step, regression_batches(STEPS, seed=7)[first:last], injected, start=first)
 
 
 def write(out):
