@@ -2,13 +2,18 @@
 
 MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory whenever a graph fails to compile
 (several tests make that happen on purpose); ``MS_OM_PATH`` sends it to a temporary folder instead. At the
-end of the session, a file the tests left in the repository fails the run.
+end of the session, a file the tests left in the repository fails the run (ignored ones too, such as
+``rank_*/``, but not caches), and the temporary folder is removed.
 """
+import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 
-os.environ.setdefault("MS_OM_PATH", tempfile.mkdtemp(prefix="lossscale-tests-om-"))
+if "MS_OM_PATH" not in os.environ:  # xdist workers inherit the controller's folder
+    os.environ["MS_OM_PATH"] = tempfile.mkdtemp(prefix="lossscale-tests-om-")
+    atexit.register(shutil.rmtree, os.environ["MS_OM_PATH"], ignore_errors=True)
 
 import mindspore as ms  # noqa: E402  (after MS_OM_PATH)
 
@@ -21,14 +26,18 @@ else:  # pragma: no cover - MindSpore before set_device
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+CACHES = ("__pycache__/", ".hypothesis/", ".pytest_cache/", ".egg-info/")
+
+
 def _untracked():
-    """Files git does not track nor ignore, or None outside a git checkout."""
+    """Files git does not track (ignored ones included, caches not), or None outside a git checkout."""
     try:
-        done = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all"],
+        done = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "--ignored"],
                               capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return {line[3:] for line in done.stdout.splitlines() if line.startswith("??")}
+    return {line[3:] for line in done.stdout.splitlines()
+            if line[:2] in ("??", "!!") and not any(cache in line for cache in CACHES)}
 
 
 def pytest_sessionstart(session):
