@@ -54,7 +54,7 @@ def check_cell_state(cell):
     update_cell = cell.loss_scaling_manager
     if isinstance(update_cell, DynamicLossScaleUpdateCell):
         policy = update_cell.policy
-        _in_range("scale_sense", scale, float(np.float32(policy.min_scale)), policy.ceiling)
+        _in_range("scale_sense", scale, policy.floor, policy.ceiling)
         _in_range("loss_scale_good_steps", int(_value(update_cell.good_steps)[0]), 0, policy.growth_interval - 1)
         _in_range("loss_scale_hysteresis_left", int(_value(update_cell.hysteresis_left)[0]), 1, policy.hysteresis)
     elif isinstance(update_cell, FixedLossScaleUpdateCell):

@@ -133,6 +133,16 @@ class LossScalePolicy:
         set_field("init_scale", init)
 
     @property
+    def floor(self):
+        """The effective minimum scale as a float32 value (``min_scale`` rounded as the device holds it).
+
+        Example:
+            >>> LossScalePolicy(min_scale=0.7).floor < 0.7
+            True
+        """
+        return _f32(self.min_scale)
+
+    @property
     def ceiling(self):
         """The effective maximum scale as a float32 value (``max_scale`` or FLOAT32_MAX)."""
         return _f32(FLOAT32_MAX if self.max_scale is None else self.max_scale)
@@ -229,7 +239,7 @@ def check_state(policy: LossScalePolicy, state: LossScaleState, names=("state.sc
         >>> check_state(LossScalePolicy(growth_interval=4), LossScaleState(scale=8.0, good_steps=3))
         LossScaleState(scale=8.0, good_steps=3, hysteresis_left=1)
     """
-    check_finite_in_range(names[0], state.scale, low=policy.min_scale, high=policy.ceiling)
+    check_finite_in_range(names[0], state.scale, low=policy.floor, high=policy.ceiling)
     check_int_in_range(names[1], state.good_steps, low=0, high=policy.growth_interval - 1)
     check_int_in_range(names[2], state.hysteresis_left, low=1, high=policy.hysteresis)
     return state
@@ -315,7 +325,7 @@ def backed_off_scale(policy: LossScalePolicy, scale: float) -> float:
     """``scale * backoff_factor`` in float32, floored at ``min_scale``; a result below the smallest normal
     float32 is 0. (CPU kernels may flush such subnormal results to zero or not, depending on the thread's
     floating-point mode, so the rule flushes them always and the device agrees with it.)"""
-    backed_off = float(max(_F32(scale) * _F32(policy.backoff_factor), _F32(policy.min_scale)))
+    backed_off = float(max(_F32(scale) * _F32(policy.backoff_factor), _F32(policy.floor)))
     return 0.0 if backed_off < FLOAT32_TINY else backed_off
 
 

@@ -190,9 +190,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                              f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead.")
         if isinstance(cell, DynamicLossScaleUpdateCell):
             policy = cell.policy
-            if not policy.min_scale <= value <= policy.ceiling:
+            if not policy.floor <= value <= policy.ceiling:
                 raise ValueError(f"'sens' must be within the update cell's [min_loss_scale, max_loss_scale] = "
-                                 f"[{policy.min_scale!r}, {policy.ceiling!r}], but got {value!r}.")
+                                 f"[{policy.floor!r}, {policy.ceiling!r}], but got {value!r}.")
         self.loss_scaler.set_scale(sens)
 
     def get_loss_scale(self):

@@ -165,7 +165,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self.scale_window = scale_window
         self._growth_factor = Tensor(policy.growth_factor, mstype.float32)
         self._backoff_factor = Tensor(policy.backoff_factor, mstype.float32)
-        self._min_scale = Tensor(policy.min_scale, mstype.float32)
+        self._min_scale = Tensor(policy.floor, mstype.float32)
         self._max_scale = Tensor(policy.ceiling, mstype.float32)
         self._window = Tensor(policy.growth_interval, mstype.int32)
         self._full_hysteresis = Tensor(policy.hysteresis, mstype.int32)
@@ -233,7 +233,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self.policy = policy
         self.scale_factor, self.scale_window = policy.growth_factor, policy.growth_interval
         for name, value in (("_growth_factor", policy.growth_factor), ("_backoff_factor", policy.backoff_factor),
-                            ("_min_scale", policy.min_scale), ("_max_scale", policy.ceiling),
+                            ("_min_scale", policy.floor), ("_max_scale", policy.ceiling),
                             ("_window", policy.growth_interval), ("_full_hysteresis", policy.hysteresis)):
             write_parameter(getattr(self, name), value)
         self.set_state(state)

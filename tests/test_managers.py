@@ -108,6 +108,16 @@ def test_state_dict_round_trip_into_a_fresh_manager_and_its_cell():
     assert target.get_loss_scale() == 2048.0
 
 
+def test_state_dict_round_trip_at_a_floor_that_float32_rounds_down():
+    source = DynamicLossScaleManager(1.0, 2, 5, min_loss_scale=0.7)
+    for _ in range(3):
+        source.update_loss_scale(True)
+    assert source.get_loss_scale() == float(np.float32(0.7))
+    target = DynamicLossScaleManager(1.0, 2, 5, min_loss_scale=0.7)
+    target.load_state_dict(source.state_dict())
+    assert target.state_dict() == source.state_dict()
+
+
 def test_load_state_dict_rejects_bad_state_and_keeps_the_old_one():
     manager = DynamicLossScaleManager(2**10, 2, 3)
     before = manager.state_dict()

@@ -137,3 +137,14 @@ def test_init_scale_below_one_allowed_when_min_scale_allows():
 def test_check_state_rejects_unreachable_states(state, field):
     with pytest.raises(ValueError, match=field):
         check_state(LossScalePolicy(growth_interval=4, hysteresis=2), state)
+
+
+def test_check_state_accepts_the_float32_floor_the_rule_reaches():
+    """A floor that float32 rounds down (0.7 -> 0.69999999) is a state the rule reaches; a hair below is not."""
+    policy = LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7)
+    at_floor = run(policy, [True] * 3)[-1]
+    assert at_floor.scale == float(np.float32(0.7)) < 0.7
+    assert check_state(policy, at_floor) == at_floor
+    below = LossScaleState(scale=float(np.nextafter(np.float32(0.7), np.float32(0))))
+    with pytest.raises(ValueError, match="state.scale"):
+        check_state(policy, below)

@@ -298,6 +298,15 @@ def test_set_sense_scale_keeps_to_the_rule():
     assert cell.get_loss_scale() == 4096.0 and fixed.get_loss_scale() == 512.0
 
 
+def test_the_float32_floor_is_a_valid_scale_for_set_sense_scale_and_the_state_check():
+    cell = _dynamic_cell(min_loss_scale=0.7)  # 0.7 is 0.69999999 in float32, the scale the rule floors at
+    cell.set_sense_scale(Tensor(np.float32(0.7)))
+    cell.check_state()
+    assert cell.get_loss_scale() == float(np.float32(0.7))
+    with pytest.raises(ValueError, match="min_loss_scale"):
+        cell.set_sense_scale(Tensor(np.nextafter(np.float32(0.7), np.float32(0))))
+
+
 def test_extra_outputs_give_the_learning_rate_and_the_global_norm():
     net = regression_net()
     schedule = nn.piecewise_constant_lr([2, 4], [0.1, 0.01])
