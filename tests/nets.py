@@ -3,6 +3,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from lossscale.checkpoints import is_loss_scale_state
+
 
 def regression_net(in_features=6, out_features=3, seed=0):
     """``WithLossCell(Dense -> ReLU -> Dense, MSE)`` with deterministic weights."""
@@ -46,11 +48,6 @@ def train_calls(step, batches, inject=(), start=0):
 def snapshot(cell):
     """Every Parameter of ``cell`` (weights, optimizer state, scale, counters) as numpy copies."""
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
-
-
-def is_loss_scale_state(name):
-    """The train cell's own state: the scale, the update cell's and the train cell's counters."""
-    return name == "scale_sense" or name.startswith("loss_scale_")
 
 
 def training_state(cell):
