@@ -17,13 +17,14 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
+from lossscale.overflow import is_empty
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
 
 @_square_sum.register("Tensor")
 def _tensor_square_sum(grad):
-    if grad.size == 0:  # MindSpore's CPU ReduceSum of an empty tensor returns uninitialised memory
+    if is_empty(grad):
         return Tensor(0.0, mstype.float32)
     grad = ops.cast(grad, mstype.float32)
     return ops.reduce_sum(grad * grad)

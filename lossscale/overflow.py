@@ -175,12 +175,12 @@ def exact_float32(values):
 
 def zero_or_nan(values):
     """A float32 scalar: 0 if every value is finite, nan otherwise (``sum(v * 0)``; exact)."""
-    if _is_empty(values):
+    if is_empty(values):
         return _ZERO
     return ops.reduce_sum(exact_float32(values) * _ZERO)
 
 
-def _is_empty(grad):
+def is_empty(grad):
     """A zero-size gradient (shape known at compile time). MindSpore's CPU ``ReduceSum`` of an empty tensor
     returns uninitialised memory, so empty gradients are left out of every reduction."""
     return grad.size == 0
@@ -188,8 +188,6 @@ def _is_empty(grad):
 
 def _probe(grad):
     """``zero_or_nan(grad)``, through a zero GEMV row for a large float32/float16 gradient."""
-    if _is_empty(grad):
-        return _ZERO
     if _uses_gemv(grad):
         return ops.reduce_sum(exact_float32(_gemv_row(ops.cast(_ZERO, ops.dtype(grad)), grad)))
     return zero_or_nan(grad.reshape(-1))
@@ -197,7 +195,7 @@ def _probe(grad):
 
 def _weighted(grad):
     """``sum(grad * 2**-64)`` as a float32 scalar (a float32 GEMV row for a large float32 gradient)."""
-    if _is_empty(grad):
+    if is_empty(grad):
         return _ZERO
     if ops.dtype(grad) == mstype.float32 and grad.size >= GEMV_PROBE_MIN_SIZE:
         return ops.reduce_sum(_gemv_row(_FINGERPRINT, grad))
