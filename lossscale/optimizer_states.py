@@ -85,6 +85,13 @@ def _check_key(key):
     return True
 
 
+def _row_mask(*rows, width=1):
+    """A bool Tensor of shape (5, width), True in ``rows`` of the iteration table."""
+    mask = np.zeros((5, width), np.bool_)
+    mask[list(rows)] = True
+    return Tensor(mask)
+
+
 class OptimizerStates(nn.Cell):
     """The per-optimizer stages and overflow flags of one scaler (see the module docstring).
 
@@ -109,17 +116,11 @@ class OptimizerStates(nn.Cell):
         self._slot_indices = Tensor(np.arange(capacity, dtype=np.int32).reshape(capacity, 1))
         self._slot_columns = Tensor(np.eye(capacity, dtype=np.bool_)[:, None, :])  # [slot]: (1, capacity) mask
         self._others = Tensor(~np.eye(capacity, dtype=np.bool_))  # [slot]: every slot but that one
-        rows = np.zeros((5, 1), np.bool_)
-        rows[[STAGE, FOUND_INF]] = True
-        self._step_rows = Tensor(rows.copy())
-        rows[[FINGERPRINT, STRUCTURE]] = True
-        self._unscale_rows = Tensor(rows.copy())
-        rows[:] = False
-        rows[LOSS_NONFINITE] = True
-        self._loss_row = Tensor(np.broadcast_to(rows, (5, capacity)).copy())
-        rows[:] = True
-        rows[STRUCTURE] = False  # kept across iterations (refusals compare structures within one only)
-        self._iteration_rows = Tensor(np.broadcast_to(rows, (5, capacity)).copy())
+        self._step_rows = _row_mask(STAGE, FOUND_INF)
+        self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE)
+        self._loss_row = _row_mask(LOSS_NONFINITE, width=capacity)
+        # STRUCTURE is kept across iterations (refusals compare structures within one only).
+        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, LOSS_NONFINITE, width=capacity)
 
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
