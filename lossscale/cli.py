@@ -110,11 +110,9 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
     if spec.startswith("fixed:"):
         text = spec[len("fixed:"):]
         try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (math.isfinite(value) and value >= 1.0):
-            raise CliError(f"--loss-scale fixed:S needs a finite number S >= 1, but got {text!r}")
+            value = _scale_value(text)
+        except argparse.ArgumentTypeError:
+            raise CliError(f"--loss-scale fixed:S needs a finite number S >= 1, but got {text!r}") from None
         return f"fixed:{value:g}", _manager("fixed", value)
     if spec.startswith("preset:"):
         name = spec[len("preset:"):]
@@ -697,6 +695,18 @@ def largest_safe_along_training(args):
     return network, trajectory
 
 
+def suggested_fixed_scale(trajectory):
+    """Half the smallest largest-safe scale along training, or None for the untrained weights alone.
+
+    Example:
+        >>> suggested_fixed_scale([(0, 2.0**19), (1, 2.0**16)]), suggested_fixed_scale([(0, 2.0**19)])
+        (32768.0, None)
+    """
+    if len(trajectory) == 1:
+        return None
+    return min(scale for _, scale in trajectory) / 2
+
+
 def scale_advice(trajectory):
     """What ``inspect`` says about a fixed scale, from ``[(epoch, largest safe scale)]``.
 
@@ -710,7 +720,7 @@ def scale_advice(trajectory):
                 f"or measure along training with --epochs N.")
     smallest = min(scale for _, scale in trajectory)
     worst = min(trajectory, key=lambda item: item[1])[0]
-    suggested = smallest / 2
+    suggested = suggested_fixed_scale(trajectory)
     return (f"largest scale without float16 overflow along {trajectory[-1][0]} epochs of fp32 training: "
             f"{', '.join(f'{format_scale(s)} (epoch {e})' for e, s in trajectory)}; the smallest, "
             f"{format_scale(smallest)}, at epoch {worst}. Suggested fixed scale: {format_scale(suggested)} (half of it), "
@@ -739,11 +749,10 @@ def command_inspect(args):
     print(f"measured with {args.precision} gradients at that scale: {100 * lost:.3f}% of the nonzero fp32 "
           f"gradient elements are zero")
     print(scale_advice(trajectory))
-    safe = [scale for _, scale in trajectory]
     _write_json(os.path.join(output, "inspect.json"), dict(
         report, scale=args.scale, model=args.model, epochs=args.epochs, measured_lost_fraction=lost,
         largest_safe_along_training=[[e, s] for e, s in trajectory],
-        suggested_fixed_scale=min(safe) / 2 if args.epochs else None))
+        suggested_fixed_scale=suggested_fixed_scale(trajectory)))
     _try_plot(plot_histogram, log2, args.scale, os.path.join(output, "gradients.png"),
               f"{args.model}: fp32 weight gradients vs the float16 range ({weights})")
     return EXIT_OK

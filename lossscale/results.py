@@ -125,7 +125,7 @@ def render_page(args, runs, measurements, page, machine, date):
         "",
         "![fp32 vs fp16 training loss and loss scale](images/compare.png)",
         "",
-        "Differences of a few tenths of a point are within the noise of a 359-image test set; the",
+        f"Differences of a few tenths of a point are within the noise of a {TEST_IMAGES}-image test set; the",
         "gradient-lost column is the robust measurement. Step times are not on this page: on CPU, fp16",
         "kernels are not faster than fp32 (see performance.md).",
         "",
