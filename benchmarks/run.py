@@ -41,13 +41,18 @@ def _timing_args(settings):
     return [f"--{key}={value}" for key, value in settings.items()]
 
 
+def _time_cells(result, variants):
+    """``median ± IQR`` step-time cells of ``variants`` (16 characters each)."""
+    return "".join(f"{result['summary'][v]['median_ms']:>9.2f} ±{result['summary'][v]['iqr_ms']:>5.2f}"
+                   for v in variants)
+
+
 def step_table(results):
     header = (f"{'config':<12}{'plain':>16}{'plain_if':>16}{'plain_wait':>16}{'lossscale':>16}{'ms_jit':>16}"
               f"{'ls/plain':>10}{'ls/if':>8}{'ls/wait':>9}{'ls/jit':>8}{'1st call ls/plain':>19}")
     lines = [header, "-" * len(header)]
     for r in results:
-        cells = "".join(f"{r['summary'][v]['median_ms']:>9.2f} ±{r['summary'][v]['iqr_ms']:>5.2f}"
-                        for v in ("plain", "plain_if", "plain_wait", "lossscale", "ms_jit"))
+        cells = _time_cells(r, ("plain", "plain_if", "plain_wait", "lossscale", "ms_jit"))
         ratios = r["ratios"]
         lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{ratios['lossscale/plain']:>10.3f}"
                      f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/plain_wait']:>9.3f}"
@@ -63,11 +68,10 @@ def redesign_table(results):
               f"{'GradScaler':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}{'GS/ms_jit':>11}")
     lines = [header, "-" * len(header)]
     for r in results:
-        s, q = r["summary"], r["ratios"]
-        cells = [f"{s[v]['median_ms']:>9.2f} ±{s[v]['iqr_ms']:>5.2f}" for v in ("lossscale", "release")]
-        grad = [f"{s[v]['median_ms']:>9.2f} ±{s[v]['iqr_ms']:>5.2f}" for v in ("gradscaler", "gradscaler_release")]
-        lines.append(f"{r['model'] + ' ' + r['level']:<12}{''.join(cells)}{q['lossscale/release']:>8.3f}"
-                     f"{r['first_call_vs_release']:>10.2f}{''.join(grad)}{q['gradscaler/gradscaler_release']:>8.3f}"
+        q = r["ratios"]
+        cells, grad = _time_cells(r, ("lossscale", "release")), _time_cells(r, ("gradscaler", "gradscaler_release"))
+        lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{q['lossscale/release']:>8.3f}"
+                     f"{r['first_call_vs_release']:>10.2f}{grad}{q['gradscaler/gradscaler_release']:>8.3f}"
                      f"{r['gradscaler_first_call_vs_release']:>10.2f}{q['gradscaler/ms_jit']:>11.3f}")
     lines.append("current / 0.1.0: paired step ratio (median over rounds) and first-call ratio (medians of fresh builds)")
     return "\n".join(lines)
