@@ -39,6 +39,8 @@ STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
 STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, LOSS_NONFINITE = range(5)
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates name -> {key: slot}
+# Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
+_reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
 
 _describe = ops.MultitypeFuncGraph("_describe")
 
@@ -113,9 +115,12 @@ class OptimizerStates(nn.Cell):
         self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous = (
             Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS))
         self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
-        self._slot_indices = Tensor(np.arange(capacity, dtype=np.int32).reshape(capacity, 1))
-        self._slot_columns = Tensor(np.eye(capacity, dtype=np.bool_)[:, None, :])  # [slot]: (1, capacity) mask
-        self._others = Tensor(~np.eye(capacity, dtype=np.bool_))  # [slot]: every slot but that one
+        # Per-slot constants as tuples of Tensors: a constant index into a tuple costs nothing to compile,
+        # while indexing a Tensor inside a graph compiles MindSpore's whole getitem machinery each time.
+        eye = np.eye(capacity, dtype=np.bool_)
+        self._slot_indices = tuple(Tensor([i], mstype.int32) for i in range(capacity))
+        self._slot_columns = tuple(Tensor(eye[i][None, :]) for i in range(capacity))  # (1, capacity) masks
+        self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
         self._step_rows = _row_mask(STAGE, FOUND_INF)
         self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE)
         self._loss_row = _row_mask(LOSS_NONFINITE, width=capacity)
@@ -134,12 +139,16 @@ class OptimizerStates(nn.Cell):
 
     # ---- graph: reads ----------------------------------------------------------------------------
     def column(self, slot):
-        """The slot's fields, indexed by the row constants (``column[STAGE]``, ...).
+        """The slot's fields as a tuple of scalars, indexed by the row constants (``column[STAGE]``, ...).
 
         A gather, not ``table[:, slot]``: MindSpore 2.10's graph compiler merges two such slices of one
         Parameter even when the Parameter is written between them, so a read after a write returned the
-        value from before it (measured; a row index ``table[i]`` is not affected)."""
-        return ops.gather(self.table, self._slot_indices[slot], 1).reshape((5,))
+        value from before it (measured). Tensor indexing is also slow to compile (see ``__init__``)."""
+        return ops.unstack(ops.gather(self.table, self._slot_indices[slot], 1).reshape((5,)))
+
+    def _rows(self):
+        """The table's rows, indexed by the row constants (``rows[STAGE]``, ...)."""
+        return ops.unstack(self.table)
 
     def unscaled(self, column):
         """Whether the slot's stage is UNSCALED."""
@@ -155,7 +164,8 @@ class OptimizerStates(nn.Cell):
 
     def any_found(self):
         """Whether any optimizer (or the loss) overflowed since the last update()."""
-        return ops.maximum(self.table[FOUND_INF], self.table[LOSS_NONFINITE]).max() > self._zero
+        rows = self._rows()
+        return _reduce_max(ops.maximum(rows[FOUND_INF], rows[LOSS_NONFINITE])) > self._zero
 
     # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
     def refuse_unscale(self, column):
@@ -179,8 +189,9 @@ class OptimizerStates(nn.Cell):
     def ready_code(self, slot, column, structure):
         """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot
         unscaled gradients of this ``structure`` in this iteration (they may be unscaled already); else 0."""
-        others = ops.logical_and(self.table[STAGE] == self._unscaled, self.table[STRUCTURE] == structure)
-        ambiguous = ops.logical_and(others, self._others[slot]).any()
+        rows = self._rows()
+        others = ops.logical_and(rows[STAGE] == self._unscaled, rows[STRUCTURE] == structure)
+        ambiguous = _reduce_any(ops.logical_and(others, self._others[slot]))
         code = ops.select(ambiguous, self._ambiguous, self._no_misuse)
         return ops.select(column[STAGE] == self._stepped, self._step_twice, code)
 
@@ -203,7 +214,7 @@ class OptimizerStates(nn.Cell):
 
     def refuse_update_without_checks(self):
         """PyTorch: update() needs an unscale_() or step() since the last update()."""
-        if (self.table[STAGE] == self._ready).all():
+        if _reduce_all(self._rows()[STAGE] == self._ready):
             raise AssertionError("No inf checks were recorded prior to update(): call step() (or unscale_()) for "
                                  "each optimizer before update().")
         return self.table
@@ -219,15 +230,15 @@ class OptimizerStates(nn.Cell):
         return self._write(ops.logical_and(self._loss_row, bad > self._zero), bad)
 
     def record_unscale(self, slot, found, fingerprint, structure):
-        values = ops.stack([self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32),
-                            self._zero]).reshape((5, 1))
+        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32),
+                            self._zero)).reshape((5, 1))
         return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
 
     def record_step(self, slot, found, code):
         """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
         whether the optimizer is skipped (an overflow, or a refusal)."""
         refused = code != self._no_misuse
-        values = ops.stack([self._stepped, found, self._zero, self._zero, self._zero]).reshape((5, 1))
+        values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((5, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
         done = self._write(where, values)
         return ops.depend(ops.logical_or(refused, found > self._zero), done)
