@@ -309,8 +309,8 @@ class GradScaler:
         """
         if not self._enabled:
             return self
-        self._refuse_update()
         if new_scale is None:
+            self._refuse_update()  # as PyTorch: only an update from this iteration's checks needs them
             self._core.adjust(self._states.any_found())
         else:
             value = new_scale if isinstance(new_scale, Tensor) else _checked_new_scale(new_scale)
@@ -472,7 +472,8 @@ class TorchGradScaler(GradScaler):
     ``growth_factor`` after ``growth_interval`` consecutive iterations without inf/nan, by
     ``backoff_factor`` on every iteration with one, with no floor; growth never produces inf.
     ``update()`` without an ``unscale_``/``step`` since the last ``update`` raises
-    ``AssertionError`` ("No inf checks were recorded prior to update"), as in PyTorch.
+    ``AssertionError`` ("No inf checks were recorded prior to update"), as in PyTorch;
+    ``update(new_scale)`` needs no checks.
 
     Args:
         device (str): accepted for PyTorch compatibility (``"cuda"``, ``"cpu"``, ``"npu"``, ...). The

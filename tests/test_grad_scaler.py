@@ -738,6 +738,15 @@ def test_pytorch_update_without_inf_checks_raises_and_paddle_allows_it():
 
     with pytest.raises(AssertionError, match="No inf checks"):
         _read(only_update(Tensor(1.0)))
+    assert torch_scaler.state_dict()["scale"] == 2.0**16 and torch_scaler.state_dict()["_growth_tracker"] == 0
+
+
+def test_pytorch_update_with_new_scale_needs_no_inf_checks():
+    scaler = GradScaler("cuda")
+    scaler.update(512.0)  # torch.amp.GradScaler asserts only for an update from this iteration's checks
+    assert scaler.get_scale() == 512.0
+    with pytest.raises(AssertionError, match="No inf checks"):
+        scaler.update()
 
 
 def _scaler_after_one_step():
