@@ -292,6 +292,13 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             return loss, overflow, scaling_sens, learning_rate, norm
         return loss, overflow, scaling_sens
 
+    def _reported(self, grads, norm=None):
+        """``(global norm, learning rate)`` for ``extra_outputs``, read before the optimizer steps: the norm
+        clipping computed (``norm``) or that of ``grads``; zeros when the outputs are not asked for."""
+        if not self.extra_outputs:
+            return (self._zero if norm is None else norm), self._zero
+        return (global_norm(self.hyper_map, grads) if norm is None else norm), self.optimizer.get_lr()
+
     def _accumulation_step(self, loss, status, grads, scaling_sens):
         window_flag, micro, last = self.accumulation.add(grads, self._with_loss_flag(self._flag(status, grads), loss))
         if last:
@@ -308,8 +315,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             if self.lr_per_micro_batch:
                 done = ops.depend(done, ops.assign_add(self.optimizer.global_step, Tensor(1, mstype.int32)))
             overflow = ops.depend(self._false, done)
-            learning_rate = self.optimizer.get_lr() if self.extra_outputs else self._zero
-            norm = global_norm(self.hyper_map, grads) if self.extra_outputs else self._zero
+            norm, learning_rate = self._reported(grads)
         return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
 
     def _finish_step(self, flag, grads):
@@ -317,13 +323,11 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
         Returns ``(overflow, global norm, learning rate)``; the last two are 0 unless clipping computes the
         norm or ``extra_outputs`` asks for them."""
-        norm = self._zero
+        norm = None
         if self.clipper is not None:
             grads, norm_flag, norm = self.clipper(grads)
             flag = flag + norm_flag
-        elif self.extra_outputs:
-            norm = global_norm(self.hyper_map, grads)
-        learning_rate = self.optimizer.get_lr() if self.extra_outputs else self._zero
+        norm, learning_rate = self._reported(grads, norm)
         overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))
         overflow = ops.depend(overflow, self.counters.count(overflow, self.drop_overflow_update))
         if self.drop_overflow_update:

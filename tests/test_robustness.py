@@ -308,11 +308,12 @@ def test_the_float32_floor_is_a_valid_scale_for_set_sense_scale_and_the_state_ch
         cell.set_sense_scale(Tensor(np.nextafter(np.float32(0.7), np.float32(0))))
 
 
-def test_extra_outputs_give_the_learning_rate_and_the_global_norm():
+@pytest.mark.parametrize("options", [{}, {"clip_global_norm": 1e6}], ids=["no clipping", "norm from clipping"])
+def test_extra_outputs_give_the_learning_rate_and_the_global_norm(options):
     net = regression_net()
     schedule = nn.piecewise_constant_lr([2, 4], [0.1, 0.01])
     cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), schedule), Tensor(np.float32(256.0)),
-                                         extra_outputs=True)
+                                         extra_outputs=True, **options)
     grad_fn = ms.value_and_grad(net, None, net.trainable_params())
     rates = []
     for x, y in BATCHES[:3]:
@@ -323,6 +324,21 @@ def test_extra_outputs_give_the_learning_rate_and_the_global_norm():
         rates.append(round(float(outputs[3].asnumpy()), 6))
         assert float(outputs[4].asnumpy()) == pytest.approx(expected, rel=1e-5)
     assert rates == [0.1, 0.1, 0.01]
+
+
+def test_extra_outputs_with_accumulation_report_each_micro_batch_and_the_window_mean():
+    net = regression_net()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(256.0)),
+                                         extra_outputs=True, accumulation_steps=2)
+    grad_fn = ms.value_and_grad(net, None, net.trainable_params())
+    (x0, y0), (x1, y1) = BATCHES[:2]
+    first = [g.asnumpy().astype(np.float64) for g in grad_fn(Tensor(x0), Tensor(y0))[1]]
+    second = [g.asnumpy().astype(np.float64) for g in grad_fn(Tensor(x1), Tensor(y1))[1]]
+    norm = lambda grads: np.sqrt(sum(float((g ** 2).sum()) for g in grads))  # noqa: E731
+    micro, last = cell(Tensor(x0), Tensor(y0)), cell(Tensor(x1), Tensor(y1))
+    assert float(micro[4].asnumpy()) == pytest.approx(norm(first), rel=1e-5)  # this micro-batch's gradients
+    assert float(last[4].asnumpy()) == pytest.approx(norm([(a + b) / 2 for a, b in zip(first, second)]), rel=1e-5)
+    assert [round(float(outputs[3].asnumpy()), 6) for outputs in (micro, last)] == [0.1, 0.1]
 
 
 @pytest.mark.parametrize("per_micro_batch, expected", [(False, 2), (True, 8)])
