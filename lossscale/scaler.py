@@ -69,7 +69,15 @@ def _scale_tree(scale, tree, before_backward):
         for item in tree:
             scaled = scaled + (_scale_tree(scale, item, before_backward),)
         return list(scaled) if isinstance(tree, list) else scaled
+    _check_loss(tree)
     return _promote(scale, before_backward(tree))
+
+
+def _check_loss(loss):
+    """A TypeError for a Python value where a loss tensor belongs (MindSpore's own error would not say so)."""
+    if isinstance(loss, (bool, int, float, str, dict)) or loss is None:
+        raise TypeError("'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got a "
+                        "Python number, str, dict or None: scale the loss tensor itself.")
 
 
 _loss_term = ops.MultitypeFuncGraph("_loss_term")
@@ -79,6 +87,14 @@ _loss_term = ops.MultitypeFuncGraph("_loss_term")
 def _tensor_loss_term(loss):
     """0 when ``loss`` is finite, nan otherwise (float32; bfloat16/float64 losses included)."""
     return _overflow.zero_or_nan(loss)
+
+
+@_loss_term.register("Number")
+@_loss_term.register("String")
+@_loss_term.register("None")
+@_loss_term.register("Dictionary")
+def _python_loss_term(loss):
+    return _check_loss(loss)
 
 
 def _sum_tree(tree):

@@ -273,6 +273,24 @@ def test_scale_nested_outputs():
     assert all(o.dtype == ms.float32 for o in flat) and isinstance(outputs[2], list)
 
 
+@pytest.mark.parametrize("outputs", [2.0, 3, None, "loss", {"loss": 1}, (Tensor(np.float32(1.0)), 2.0)],
+                         ids=["float", "int", "None", "str", "dict", "nested_float"])
+@pytest.mark.parametrize("spelling", [(), ("cpu",)], ids=["paddle", "pytorch"])
+def test_scale_refuses_python_values_with_a_clear_error(outputs, spelling):
+    """MindSpore's own error names a primitive (``Dtype``), eagerly, and an attribute, under jit."""
+    scaler = GradScaler(*spelling)
+    with pytest.raises(TypeError, match="'outputs' must be a Tensor"):
+        scaler.scale(outputs)
+
+    @ms.jit
+    def compiled():
+        return scaler.scale(outputs)
+
+    with pytest.raises(TypeError, match="'outputs' must be a Tensor"):
+        compiled()
+    assert scaler.get_scale() == (32768.0 if not spelling else 65536.0)
+
+
 # ---- spelling, defaults, signatures -------------------------------------------------------------------
 
 SPELLINGS = [

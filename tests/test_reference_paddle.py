@@ -1,0 +1,294 @@
+"""lossscale's Paddle spelling against paddle.amp.GradScaler itself, run side by side (needs paddle).
+
+Paddle's dygraph scaler turns itself off on CPU ("AmpScaler can only be enabled on CUDAPlace ...")
+and outside float16 autocast, which are deliberate differences of lossscale (docs/migration.md). To
+compare its rule, skips and errors here, :func:`paddle_scaler` builds it as on a GPU (the place check
+answers "GPU" during construction) with float16 as Paddle's AMP dtype; everything else is Paddle's
+own code on its CPU kernels. The same model, data and injected infs in both frameworks: the scale
+after every update, which iterations are skipped, the weights, ``state_dict()``, a state moved from
+Paddle to lossscale, and Paddle's errors. Skipped when paddle is not installed (CI installs it when
+the package registry has it).
+"""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+from lossscale import GradScaler
+
+paddle = pytest.importorskip("paddle")
+pytestmark = [pytest.mark.reference,  # Paddle's own backoff message converts its (1,)-shaped scale with float()
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")]
+
+INJECTED = {2, 5, 6, 7}  # iterations whose input holds an inf (6, 7: two in a row, Paddle's default backoff)
+CLIP = 0.5
+RULE = {"init_loss_scaling": 2.0**10, "incr_every_n_steps": 2, "decr_every_n_nan_or_inf": 2}
+
+
+class _GpuPlace:
+    """Paddle's expected place, answering that it is a GPU (only the scaler's constructor asks)."""
+
+    def __init__(self, place):
+        self._place = place
+
+    def is_gpu_place(self):
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._place, name)
+
+
+class _Tracer:
+    def __init__(self, tracer):
+        self._tracer = tracer
+        self._expected_place = _GpuPlace(tracer._expected_place)
+
+    def __getattr__(self, name):
+        return getattr(self._tracer, name)
+
+
+def paddle_scaler(**kwargs):
+    """``paddle.amp.GradScaler(**kwargs)`` as Paddle builds it on a GPU for float16 training."""
+    from paddle.amp import grad_scaler as module
+    from paddle.amp.auto_cast import amp_global_state
+
+    amp_global_state().amp_dtype = "float16"
+    tracer = module._dygraph_tracer
+    module._dygraph_tracer = lambda: _Tracer(tracer())
+    try:
+        return paddle.amp.GradScaler(**kwargs)
+    finally:
+        module._dygraph_tracer = tracer
+
+
+def _data(count, seed=3):
+    rng = np.random.RandomState(seed)
+    batches = []
+    for i in range(count):
+        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
+        if i in INJECTED:
+            x[1, 2] = np.inf
+        batches.append((x, y))
+    return batches
+
+
+def _weight():
+    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+
+
+class PaddleRun:
+    """paddle.amp.GradScaler on a bias-free Linear with MSE and SGD (CPU, float32 weights)."""
+
+    def __init__(self, clip, minimize=False, **scaler_args):
+        self.model = paddle.nn.Linear(4, 3, bias_attr=False)
+        self.model.weight.set_value(_weight().T)  # Paddle's Linear weight is (in, out)
+        grad_clip = paddle.nn.ClipGradByGlobalNorm(CLIP) if clip else None
+        self.optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=self.model.parameters(),
+                                              grad_clip=grad_clip)
+        self.scaler = paddle_scaler(**scaler_args)
+        self.clip, self.minimize = clip, minimize
+
+    def iteration(self, x, y):
+        loss = paddle.nn.functional.mse_loss(self.model(paddle.to_tensor(x)), paddle.to_tensor(y))
+        scaled = self.scaler.scale(loss)
+        scaled.backward()
+        if self.minimize:
+            self.scaler.minimize(self.optimizer, scaled)
+        else:
+            if self.clip:
+                self.scaler.unscale_(self.optimizer)  # the optimizer's grad_clip then clips unscaled gradients
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.optimizer.clear_grad()
+
+    def weight(self):
+        return self.model.weight.numpy().T.copy()
+
+
+class LossScaleRun:
+    """lossscale.GradScaler (Paddle's spelling) on the same model, in one mindspore.jit step."""
+
+    def __init__(self, clip, minimize=False, **scaler_args):
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
+        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=0.05)
+        self.scaler = GradScaler(**scaler_args)
+        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
+        scaler, optimizer = self.scaler, self.optimizer
+
+        def forward(x, y):
+            return scaler.scale(loss_net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+        @ms.jit
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            if clip:
+                grads = ops.clip_by_global_norm(scaler.unscale_(grads), CLIP)
+            if minimize:
+                return scaler.minimize(optimizer, grads)
+            skipped = scaler.step(optimizer, grads)
+            scaler.update()
+            return skipped
+
+        self.train_step = train_step
+
+    def iteration(self, x, y):
+        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+
+    def weight(self):
+        return self.net.weight.asnumpy().copy()
+
+
+def _counts(scaler):
+    state = scaler.state_dict()
+    return float(state["scale"][0]), state["incr_count"], state["decr_count"]
+
+
+@pytest.mark.parametrize("clip, minimize", [(False, False), (True, False), (False, True)],
+                         ids=["step_update", "unscale_clip", "minimize"])
+def test_same_scales_counts_skips_weights_and_state_as_paddle(clip, minimize):
+    theirs, ours = PaddleRun(clip, minimize, **RULE), LossScaleRun(clip, minimize, **RULE)
+    for i, (x, y) in enumerate(_data(12)):
+        before = ours.weight()
+        theirs.iteration(x, y)
+        skipped = ours.iteration(x, y)
+        assert skipped == (i in INJECTED) and np.array_equal(before, ours.weight()) == skipped, i
+        assert _counts(ours.scaler) == _counts(theirs.scaler), i
+        np.testing.assert_allclose(ours.weight(), theirs.weight(), rtol=2e-5, atol=1e-6, err_msg=str(i))
+    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
+    for key, value in theirs.scaler.state_dict().items():
+        np.testing.assert_array_equal(ours.scaler.state_dict()[key], value, err_msg=key)
+
+
+def test_fixed_scale_skips_as_paddle():
+    rule = dict(RULE, use_dynamic_loss_scaling=False)
+    theirs, ours = PaddleRun(False, **rule), LossScaleRun(False, **rule)
+    for i, (x, y) in enumerate(_data(8)):
+        theirs.iteration(x, y)
+        assert ours.iteration(x, y) == (i in INJECTED)
+        np.testing.assert_allclose(ours.weight(), theirs.weight(), rtol=2e-5, atol=1e-6, err_msg=str(i))
+        assert ours.scaler.get_scale() == float(theirs.scaler.state_dict()["scale"][0]) == RULE["init_loss_scaling"]
+    assert ours.scaler.state_dict()["use_dynamic_loss_scaling"] is False
+    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
+
+
+def test_paddle_state_continues_identically_in_lossscale():
+    theirs, ours = PaddleRun(False, **RULE), LossScaleRun(False)  # ours starts from the defaults
+    data = _data(12)
+    for x, y in data[:8]:  # stops after one inf past the backoff at 6: decr_count 1 is carried over
+        theirs.iteration(x, y)
+    saved = theirs.scaler.state_dict()
+    assert saved["decr_count"] == 1
+    ours.scaler.load_state_dict(saved)
+    loaded = paddle_scaler()
+    loaded.load_state_dict(saved)
+    assert ours.scaler.get_init_loss_scaling() == loaded.get_init_loss_scaling() == float(saved["scale"][0])  # both
+    ours.net.weight.set_data(Tensor(theirs.weight()))
+    for x, y in data[8:]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+        assert _counts(ours.scaler) == _counts(theirs.scaler)
+
+
+def test_getters_and_setters_as_paddle():
+    theirs, ours = paddle_scaler(**RULE), GradScaler(**RULE)
+    for name, value in (("init_loss_scaling", 512.0), ("incr_ratio", 3.0), ("decr_ratio", 0.25),
+                        ("incr_every_n_steps", 7), ("decr_every_n_nan_or_inf", 3)):
+        for scaler in (theirs, ours):
+            getattr(scaler, f"set_{name}")(value)
+        assert getattr(ours, f"get_{name}")() == getattr(theirs, f"get_{name}")() == value, name
+    assert ours.get_scale() == float(theirs.state_dict()["scale"][0]) == 512.0
+    assert ours.is_enable() == theirs.is_enable() is True
+    assert ours.is_use_dynamic_loss_scaling() == theirs.is_use_dynamic_loss_scaling() is True
+
+
+def test_the_same_errors_as_paddle():
+    model = paddle.nn.Linear(2, 1)
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+    net = nn.Dense(2, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    grads = (Tensor(np.ones((1, 2), np.float32)), Tensor(np.ones(1, np.float32)))
+
+    def paddle_misuse(kind):
+        scaler = paddle_scaler()
+        scaler.scale(model(paddle.ones((1, 2))).sum()).backward()
+        if kind == "unscale_twice":
+            scaler.unscale_(optimizer)
+            scaler.unscale_(optimizer)
+        elif kind == "step_twice":
+            scaler.step(optimizer)
+            scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+            scaler.unscale_(optimizer)
+
+    def our_misuse(kind):
+        scaler = GradScaler()
+        if kind == "unscale_twice":
+            scaler.unscale_(scaler.unscale_(grads))
+        elif kind == "step_twice":
+            scaler.step(opt, grads)
+            scaler.step(opt, grads)
+        else:
+            scaler.step(opt, grads)
+            scaler.unscale_(grads)
+
+    for kind in ("unscale_twice", "step_twice", "unscale_after_step"):
+        with pytest.raises(RuntimeError) as expected:
+            paddle_misuse(kind)
+        optimizer.clear_grad()
+        with pytest.raises(RuntimeError) as got:
+            our_misuse(kind)
+        assert str(got.value).startswith(str(expected.value).rstrip(".")), kind
+    for bad in ({"incr_ratio": 1.0}, {"decr_ratio": 1.0}):
+        with pytest.raises(AssertionError):
+            paddle_scaler(**bad)
+        with pytest.raises(AssertionError):
+            GradScaler(**bad)
+    for scaler in (GradScaler(), paddle_scaler()):
+        with pytest.raises(RuntimeError, match="The input state dict is empty"):
+            scaler.load_state_dict({})
+
+
+def test_a_disabled_scaler_reports_as_paddle():
+    theirs, ours = paddle_scaler(enable=False, **RULE), GradScaler(enable=False, **RULE)
+    assert ours.state_dict() == theirs.state_dict() == {}
+    assert ours.get_init_loss_scaling() == theirs.get_init_loss_scaling() == 1.0
+    assert ours.is_enable() == theirs.is_enable() is False
+    assert ours.is_use_dynamic_loss_scaling() == theirs.is_use_dynamic_loss_scaling() is False
+    saved = paddle_scaler(**RULE).state_dict()
+    theirs.load_state_dict(saved)
+    ours.load_state_dict(saved)  # ignored by both
+    assert ours.state_dict() == theirs.state_dict() == {}
+
+
+# ---- deliberate differences, pinned (docs/migration.md) --------------------------------------------------
+
+PADDLE_2_5_DEFAULTS = {"init_loss_scaling": 2.0**16, "incr_every_n_steps": 2000, "decr_every_n_nan_or_inf": 1}
+
+
+def test_paddle_2_5_defaults_are_three_explicit_arguments():
+    """Paddle 2.5 changed its defaults from the documented 2**15, 1000, 2 (lossscale's) to 2**16, 2000, 1."""
+    theirs, ours = PaddleRun(False), LossScaleRun(False, **PADDLE_2_5_DEFAULTS)
+    assert _counts(GradScaler()) == (2.0**15, 0, 0) and GradScaler().get_decr_every_n_nan_or_inf() == 2
+    for i, (x, y) in enumerate(_data(9)):
+        theirs.iteration(x, y)
+        assert ours.iteration(x, y) == (i in INJECTED)
+        assert _counts(ours.scaler) == _counts(theirs.scaler), i
+    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
+    for key, value in theirs.scaler.state_dict().items():
+        np.testing.assert_array_equal(ours.scaler.state_dict()[key], value, err_msg=key)
+
+
+def test_update_without_a_step_counts_a_clean_iteration_where_paddle_repeats_the_last_decision():
+    rule = dict(RULE, decr_every_n_nan_or_inf=3)
+    theirs, ours = PaddleRun(False, **rule), LossScaleRun(False, **rule)
+    x, y = _data(3)[2]  # holds an inf
+    theirs.iteration(x, y)
+    ours.iteration(x, y)
+    assert _counts(ours.scaler) == _counts(theirs.scaler) == (1024.0, 0, 1)
+    theirs.scaler.update()
+    ours.scaler.update()
+    assert _counts(theirs.scaler) == (1024.0, 0, 2)  # the overflow counted again
+    assert _counts(ours.scaler) == (1024.0, 1, 0)  # nothing overflowed since the last update()
