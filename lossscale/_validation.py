@@ -20,6 +20,16 @@ class AssertionValueError(ValueError, AssertionError):
     """
 
 
+class TypeValueError(TypeError, ValueError):
+    """A ``ValueError`` that is also a ``TypeError``.
+
+    Raised by :class:`lossscale.LossScaleOptimizer` for an argument of the wrong type: Keras
+    documents ``ValueError`` for any invalid argument, while tf.keras' code raises ``TypeError``
+    for these (and Keras 3 ``ValueError`` for unknown keywords), so code that catches either keeps
+    working.
+    """
+
+
 def check_bool(name, value):
     """Return ``value`` if it is a real ``bool``; raise ``TypeError`` otherwise."""
     if not isinstance(value, bool):

@@ -36,6 +36,7 @@ from mindspore.common import dtype as mstype
 
 from lossscale._naming import claim_name
 from lossscale._parameters import write_parameter
+from lossscale._validation import TypeValueError
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
@@ -52,16 +53,16 @@ def _refuse_unsupported_arguments(inner_optimizer, kwargs):
     own = set(getattr(inner_optimizer, "init_args", {})) | {"learning_rate"}
     for name in kwargs:
         if name in _INNER_OPTIMIZER_ARGUMENTS or name in own:
-            raise ValueError(f"LossScaleOptimizer does not support `{name}`. Instead, set `{name}` on the "
-                             f"`inner_optimizer`.")
+            raise TypeValueError(f"LossScaleOptimizer does not support `{name}`. Instead, set `{name}` on the "
+                                 f"`inner_optimizer`.")
     if kwargs:
-        raise ValueError(f"LossScaleOptimizer does not support arguments: `{'`, `'.join(kwargs)}`.")
+        raise TypeValueError(f"LossScaleOptimizer does not support arguments: `{'`, `'.join(kwargs)}`.")
 
 
 def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
     """A LossScalePolicy (dynamic) or a float (fixed) from Keras' arguments; ValueError for anything invalid."""
     if not isinstance(dynamic, bool):
-        raise ValueError(f"'dynamic' must be a bool, but got {dynamic!r}.")
+        raise TypeValueError(f"'dynamic' must be a bool, but got {dynamic!r}.")
     if policy is not None:
         if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
             raise ValueError("give either 'policy' or 'dynamic'/'initial_scale'/'dynamic_growth_steps', not both.")
@@ -198,8 +199,11 @@ class LossScaleOptimizer(nn.Cell):
         name (str): prefix of this wrapper's Parameter names; default a unique one.
 
     Raises:
-        ValueError: for any invalid argument (as Keras), including keyword arguments of the
-            inner optimizer (set them there) and an inner optimizer with its own ``loss_scale``.
+        ValueError: for any invalid argument (as Keras documents), including keyword arguments
+            of the inner optimizer (set them there) and an inner optimizer with its own
+            ``loss_scale``. Where tf.keras' code raises ``TypeError`` (a non-bool ``dynamic``,
+            an inner optimizer of the wrong type or a wrapper, an unknown keyword) the error is
+            also a ``TypeError``.
 
     Calling the wrapper (or :meth:`apply_gradients`) with *unscaled* gradients applies them
     unless one is inf/nan (or the scaled loss was), then updates the scale; it returns True
@@ -217,9 +221,12 @@ class LossScaleOptimizer(nn.Cell):
                  overflow_check=None, name=None, **kwargs):
         super().__init__(auto_prefix=False)
         _refuse_unsupported_arguments(inner_optimizer, kwargs)
+        if isinstance(inner_optimizer, LossScaleOptimizer):
+            raise TypeValueError("LossScaleOptimizer cannot wrap another LossScaleOptimizer: wrap its "
+                                 "inner_optimizer instead.")
         if not isinstance(inner_optimizer, nn.Optimizer):
-            raise ValueError(f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
-                             f"{type(inner_optimizer).__name__}.")
+            raise TypeValueError(f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
+                                 f"{type(inner_optimizer).__name__}.")
         if getattr(inner_optimizer, "_wrapped_by_loss_scale_optimizer", False):
             raise ValueError("'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
                              "wrapped by a single LossScaleOptimizer.")

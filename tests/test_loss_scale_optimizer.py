@@ -206,14 +206,23 @@ def test_bad_arguments_are_value_errors(kwargs, pattern):
         LossScaleOptimizer(nn.Momentum(Square().trainable_params(), 0.1, 0.9), **kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [dict(dynamic="yes"), dict(momentum=0.9), dict(foo=1)],
+                         ids=["dynamic", "inner_keyword", "unknown_keyword"])
+def test_tf_keras_type_errors_are_also_type_errors(kwargs):
+    """Keras documents ValueError for invalid arguments; tf.keras' code raises TypeError for these."""
+    with pytest.raises(TypeError):
+        LossScaleOptimizer(nn.Momentum(Square().trainable_params(), 0.1, 0.9), **kwargs)
+
+
 @pytest.mark.parametrize("inner, pattern", [
     ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer"),
     (None, "'inner_optimizer'"),
     (nn.Momentum(Square().trainable_params(), 0.1, 0.9, loss_scale=128.0), "'optimizer.loss_scale' is 128.0"),
 ])
 def test_bad_inner_optimizers(inner, pattern):
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(ValueError, match=pattern) as refused:
         LossScaleOptimizer(inner)
+    assert isinstance(refused.value, TypeError) == (inner is None or inner == "sgd")  # tf.keras: TypeError
 
 
 def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
@@ -221,8 +230,9 @@ def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
     wrapper = LossScaleOptimizer(inner)
     with pytest.raises(ValueError, match="already wrapped by a LossScaleOptimizer"):
         LossScaleOptimizer(inner)
-    with pytest.raises(ValueError, match="'inner_optimizer' must be a mindspore.nn.Optimizer"):
+    with pytest.raises(ValueError, match="cannot wrap another LossScaleOptimizer") as refused:
         LossScaleOptimizer(wrapper)
+    assert isinstance(refused.value, TypeError)  # tf.keras' type
 
 
 def test_fixed_scale_properties_and_skips():

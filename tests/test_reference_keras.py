@@ -1,0 +1,164 @@
+"""lossscale's LossScaleOptimizer against tf.keras' own (Keras 2), run side by side (needs TensorFlow <= 2.15).
+
+TensorFlow 2.15, the last with Keras 2 inside, needs protobuf < 5 and MindSpore protobuf >= 7, so
+tf.keras runs in its own interpreter: ``LOSSSCALE_KERAS_PYTHON`` names it (CI sets it when it can
+install ``tensorflow-cpu==2.15.1``), and ``tests/keras_reference.py`` runs the cases there once per
+session. The same model, data and injected infs in both: the loss scale, ``dynamic_counter``,
+``iterations`` and the weights after every step; the construction errors. Skipped when the
+variable is not set.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from lossscale import LossScaleOptimizer
+
+PYTHON = os.environ.get("LOSSSCALE_KERAS_PYTHON")
+pytestmark = [pytest.mark.reference,
+              pytest.mark.skipif(not PYTHON, reason="LOSSSCALE_KERAS_PYTHON (a Python with tensorflow<=2.15) not set")]
+
+INJECTED = {2, 5, 6}
+LR = 0.05
+
+
+def _data(count, injected=INJECTED, seed=3):
+    rng = np.random.RandomState(seed)
+    batches = []
+    for i in range(count):
+        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
+        if i in injected:
+            x[1, 2] = np.inf
+        batches.append((x, y))
+    return batches
+
+
+def _weight():
+    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+
+
+RUNS = {
+    "dynamic": ({"initial_scale": 2.0**10, "dynamic_growth_steps": 2}, _data(10)),
+    "floor_at_one": ({"initial_scale": 2.0, "dynamic_growth_steps": 100}, _data(5, injected={0, 1, 2})),
+    "fixed": ({"dynamic": False, "initial_scale": 8.0}, _data(4, injected={2})),
+}
+CONSTRUCTIONS = {
+    "defaults": {},
+    "fixed": {"dynamic": False, "initial_scale": 8.0},
+    "fixed_without_scale": {"dynamic": False},
+    "fixed_with_growth_steps": {"dynamic": False, "initial_scale": 8.0, "dynamic_growth_steps": 10},
+    "dynamic_not_bool": {"dynamic": "yes"},
+    "not_an_optimizer": {"inner": None},
+    "wrapping_a_wrapper": {"inner": "wrapped"},
+    "wrapping_one_optimizer_twice": {"inner": "wrapped_twice"},
+    "unknown_keyword": {"momentum": 0.9},
+}
+
+
+@pytest.fixture(scope="module")
+def keras():
+    """tf.keras' results for RUNS and CONSTRUCTIONS (one subprocess)."""
+    cases = {"training": [{"weight": _weight().tolist(), "batches": [[x.tolist(), y.tolist()] for x, y in batches],
+                           "lr": LR, "kwargs": kwargs} for kwargs, batches in RUNS.values()],
+             "constructions": CONSTRUCTIONS}
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_reference.py")
+    done = subprocess.run([PYTHON, script], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["tensorflow"] < "2.16", f"tf.keras must be Keras 2 (TensorFlow <= 2.15), got {results['tensorflow']}"
+    return {"training": dict(zip(RUNS, results["training"])), "constructions": results["constructions"]}
+
+
+class LossScaleRun:
+    """lossscale.LossScaleOptimizer on the same model, the tf.keras way (scale, unscale, apply) in one jit step."""
+
+    def __init__(self, **kwargs):
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
+        self.optimizer = LossScaleOptimizer(nn.SGD(self.net.trainable_params(), learning_rate=LR), **kwargs)
+        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
+        optimizer = self.optimizer
+
+        def forward(x, y):
+            return optimizer.get_scaled_loss(loss_net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+        @ms.jit
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+
+        self.train_step = train_step
+
+    def iteration(self, x, y):
+        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+
+    def observed(self):
+        opt = self.optimizer
+        return {"loss_scale": float(opt.loss_scale.asnumpy()), "dynamic_counter": opt.dynamic_counter,
+                "iterations": int(opt.iterations.asnumpy().reshape(-1)[0])}
+
+
+@pytest.mark.parametrize("run", ["dynamic", "floor_at_one"])
+def test_same_scales_counters_iterations_and_weights_as_tf_keras(keras, run):
+    kwargs, batches = RUNS[run]
+    ours = LossScaleRun(**kwargs)
+    for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"][run])):
+        before = ours.net.weight.asnumpy().copy()
+        skipped = ours.iteration(x, y)
+        assert skipped == (not np.all(np.isfinite(x))) and np.array_equal(before, ours.net.weight.asnumpy()) == skipped
+        assert ours.observed() == {k: theirs[k] for k in ("loss_scale", "dynamic_counter", "iterations")}, i
+        np.testing.assert_allclose(ours.net.weight.asnumpy(), theirs["weight"], rtol=2e-5, atol=1e-6, err_msg=str(i))
+
+
+def test_a_fixed_scale_skips_where_tf_keras_applies_non_finite_gradients(keras):
+    """A deliberate difference (docs/migration.md): tf.keras applies them, and the weights become non-finite."""
+    kwargs, batches = RUNS["fixed"]
+    ours = LossScaleRun(**kwargs)
+    for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"]["fixed"])):
+        before = ours.net.weight.asnumpy().copy()
+        assert ours.iteration(x, y) == (i == 2)
+        assert ours.observed() == {"loss_scale": 8.0, "dynamic_counter": None, "iterations": i + 1}
+        assert theirs["loss_scale"] == 8.0 and theirs["iterations"] == i + 1
+        if i < 2:
+            np.testing.assert_allclose(ours.net.weight.asnumpy(), theirs["weight"], rtol=2e-5, atol=1e-6)
+        else:
+            assert not np.all(np.isfinite(theirs["weight"]))
+            assert np.array_equal(ours.net.weight.asnumpy(), before) if i == 2 else np.all(np.isfinite(before))
+
+
+def _construct(kwargs):
+    kwargs = dict(kwargs)
+    inner = kwargs.pop("inner", "sgd")
+    if inner in ("sgd", "wrapped", "wrapped_twice"):
+        sgd = nn.SGD(nn.Dense(2, 1).trainable_params(), 0.1)
+        if inner == "wrapped":
+            inner = LossScaleOptimizer(sgd)
+        else:
+            if inner == "wrapped_twice":
+                LossScaleOptimizer(sgd)
+            inner = sgd
+    try:
+        optimizer = LossScaleOptimizer(inner, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except
+        return error
+    return {"type": None, "loss_scale": float(optimizer.loss_scale.asnumpy()), "dynamic": optimizer.dynamic,
+            "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None}
+
+
+@pytest.mark.parametrize("label", sorted(CONSTRUCTIONS))
+def test_constructions_give_tf_keras_values_and_error_types(keras, label):
+    theirs, ours = keras["constructions"][label], _construct(CONSTRUCTIONS[label])
+    if theirs["type"] is None:
+        assert ours == theirs
+        return
+    assert isinstance(ours, Exception), f"tf.keras raised {theirs['type']}: {theirs['message']}"
+    assert isinstance(ours, {"TypeError": TypeError, "ValueError": ValueError}[theirs["type"]]), theirs["message"]
+    if label == "wrapping_one_optimizer_twice":
+        assert str(ours).replace("'", '"').startswith(theirs["message"])
