@@ -10,6 +10,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from lossscale import GradScaler
+from nets import own_names
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.reference
@@ -170,3 +171,60 @@ def test_the_same_errors_as_pytorch():
     for scaler in (GradScaler("cpu"), torch.amp.GradScaler("cpu")):
         with pytest.raises(RuntimeError, match="The source state dict is empty"):
             scaler.load_state_dict({})
+
+
+def test_two_optimizers_one_overflowing_as_pytorch():
+    """PyTorch's test_grad_scaling_multiple: the optimizer whose gradients hold an inf skips, the other steps,
+    and update() backs off once. The inf is put into one gradient after backward (a finite loss)."""
+    poisoned = {1, 4}
+    rng = np.random.RandomState(5)
+    weights = [rng.randn(3, 4).astype(np.float32), rng.randn(2, 4).astype(np.float32)]
+    batches = [(rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32),
+                rng.randn(8, 2).astype(np.float32)) for _ in range(6)]
+
+    models = [torch.nn.Linear(4, w.shape[0], bias=False) for w in weights]
+    for model, w in zip(models, weights):
+        with torch.no_grad():
+            model.weight.copy_(torch.from_numpy(w))
+    torch_opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+
+    nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
+    for index, net in enumerate(nets):
+        net.weight.name = f"model{index}.weight"  # one graph needs unique Parameter names
+    opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"opt{i}") for i, n in enumerate(nets)]
+    scaler = GradScaler("cuda", init_scale=2.0**10, growth_interval=2)
+    mse = nn.MSELoss()
+
+    def forward(x, y0, y1):
+        return scaler.scale(mse(nets[0](x), y0) + mse(nets[1](x), y1))
+
+    grad_fn = ms.value_and_grad(forward, None, opts[0].parameters + opts[1].parameters)
+
+    @ms.jit
+    def train_step(x, y0, y1, poison):
+        _, (g0, g1) = grad_fn(x, y0, y1)
+        g1 = ops.select(poison, ops.full_like(g1, np.inf), g1)
+        skipped = (scaler.step(opts[0], (g0,)), scaler.step(opts[1], (g1,)))
+        scaler.update()
+        return skipped
+
+    for i, (x, y0, y1) in enumerate(batches):
+        for opt in torch_opts:
+            opt.zero_grad()
+        tx = torch.from_numpy(x)
+        loss = (torch.nn.functional.mse_loss(models[0](tx), torch.from_numpy(y0))
+                + torch.nn.functional.mse_loss(models[1](tx), torch.from_numpy(y1)))
+        torch_scaler.scale(loss).backward()
+        if i in poisoned:
+            models[1].weight.grad[0, 0] = float("inf")
+        for opt in torch_opts:
+            torch_scaler.step(opt)
+        torch_scaler.update()
+        skipped = train_step(Tensor(x), Tensor(y0), Tensor(y1), Tensor(i in poisoned))
+        assert [bool(s.asnumpy()) for s in skipped] == [False, i in poisoned], i
+        assert scaler.get_scale() == torch_scaler.get_scale(), i
+        for net, model in zip(nets, models):
+            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6,
+                                       err_msg=str(i))
+    assert scaler.state_dict() == torch_scaler.state_dict()
