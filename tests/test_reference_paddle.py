@@ -292,3 +292,31 @@ def test_update_without_a_step_counts_a_clean_iteration_where_paddle_repeats_the
     ours.scaler.update()
     assert _counts(theirs.scaler) == (1024.0, 0, 2)  # the overflow counted again
     assert _counts(ours.scaler) == (1024.0, 1, 0)  # nothing overflowed since the last update()
+
+
+def test_update_backs_off_if_any_optimizer_overflowed_where_paddle_looks_at_the_last_step():
+    """Two optimizers, the first one's gradients hold an inf: both skip it alike, then Paddle's update() sees only
+    the second (clean) step and counts a clean iteration; lossscale backs the overflow off (PyTorch's rule)."""
+    rule = dict(RULE, decr_every_n_nan_or_inf=1)
+    paddle_models = [paddle.nn.Linear(4, n, bias_attr=False) for n in (3, 2)]
+    paddle_opts = [paddle.optimizer.SGD(learning_rate=0.05, parameters=m.parameters()) for m in paddle_models]
+    theirs = paddle_scaler(**rule)
+    x = np.ones((2, 4), np.float32)
+    loss = sum(model(paddle.to_tensor(x)).mean() for model in paddle_models)
+    theirs.scale(loss).backward()
+    grad = paddle_models[0].weight.grad
+    grad.set_value(np.where(np.arange(grad.size).reshape(grad.shape) == 0, np.inf, grad.numpy()).astype(np.float32))
+    skipped_before = [m.weight.numpy().copy() for m in paddle_models]
+    for opt in paddle_opts:
+        theirs.step(opt)
+    theirs.update()
+    assert np.array_equal(paddle_models[0].weight.numpy(), skipped_before[0])  # Paddle skips the first ...
+    assert not np.array_equal(paddle_models[1].weight.numpy(), skipped_before[1])  # ... and steps the second
+    assert _counts(theirs) == (1024.0, 1, 0)  # a clean iteration
+
+    ours = GradScaler(**rule)
+    opts = [nn.SGD(nn.Dense(4, n, has_bias=False).trainable_params(), 0.05) for n in (3, 2)]
+    grads = [(Tensor(np.full((3, 4), np.inf, np.float32)),), (Tensor(np.ones((2, 4), np.float32)),)]
+    assert [bool(ours.step(opt, g).asnumpy()) for opt, g in zip(opts, grads)] == [True, False]
+    ours.update()
+    assert _counts(ours) == (512.0, 0, 0)  # backed off
