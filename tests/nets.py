@@ -1,4 +1,5 @@
-"""Small networks and optimizers for the train-cell tests."""
+"""Small networks, data and training drivers shared by the tests."""
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -111,5 +112,90 @@ class GradCapture(nn.Optimizer):
         return self.hyper_map(ops.assign, self.captured, grads)
 
 
-__all__ = ["own_names", "regression_net", "regression_batches", "snapshot", "is_loss_scale_state", "training_state", "Fp16SquareLoss", "Fp16Linear", "LossPlusInput",
-           "GradCapture"]
+# ---- the reference tests (tests/test_reference_*.py): one model and data in every framework ------------------
+
+def reference_batches(count, injected, seed=3):
+    """``count`` batches ``(x (8, 4), y (8, 3))`` with an inf in ``x`` at the iterations in ``injected``."""
+    rng = np.random.RandomState(seed)
+    batches = []
+    for i in range(count):
+        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
+        if i in injected:
+            x[1, 2] = np.inf
+        batches.append((x, y))
+    return batches
+
+
+def reference_weight():
+    """The initial (3, 4) weight of the bias-free Linear/Dense every reference run trains."""
+    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+
+
+class GradScalerRun:
+    """``scaler`` (a lossscale GradScaler) training a bias-free Dense from :func:`reference_weight` with MSE and
+    SGD in one ``mindspore.jit`` step: ``unscale_`` and global-norm clipping to ``clip`` if given, then ``step`` +
+    ``update``, or ``minimize``."""
+
+    def __init__(self, scaler, clip=None, minimize=False, lr=0.05):
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
+        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=lr)
+        self.scaler = scaler
+        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
+        optimizer = self.optimizer
+
+        def forward(x, y):
+            return scaler.scale(loss_net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+        @ms.jit
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            if clip is not None:
+                grads = ops.clip_by_global_norm(scaler.unscale_(grads), clip)
+            if minimize:
+                return scaler.minimize(optimizer, grads)
+            skipped = scaler.step(optimizer, grads)
+            scaler.update()
+            return skipped
+
+        self.train_step = train_step
+
+    def iteration(self, x, y):
+        """One step on numpy ``x, y``; True if it was skipped."""
+        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+
+    def weight(self):
+        return self.net.weight.asnumpy().copy()
+
+
+MISUSES = ("unscale_twice", "step_twice", "unscale_after_step", "update_without_step")
+
+
+def misuse_their_scaler(scaler, optimizer, kind):
+    """Misuse ``kind`` of PyTorch's or Paddle's own GradScaler (gradients already in ``optimizer``'s parameters)."""
+    if kind == "unscale_twice":
+        scaler.unscale_(optimizer)
+        scaler.unscale_(optimizer)
+    elif kind == "step_twice":
+        scaler.step(optimizer)
+        scaler.step(optimizer)
+    elif kind == "unscale_after_step":
+        scaler.step(optimizer)
+        scaler.unscale_(optimizer)
+    else:
+        scaler.update()
+
+
+def misuse_our_scaler(scaler, optimizer, grads, kind):
+    """The same misuse of a lossscale GradScaler, which takes the gradients as values."""
+    if kind == "unscale_twice":
+        scaler.unscale_(scaler.unscale_(grads))
+    elif kind == "step_twice":
+        scaler.step(optimizer, grads)
+        scaler.step(optimizer, grads)
+    elif kind == "unscale_after_step":
+        scaler.step(optimizer, grads)
+        scaler.unscale_(grads)
+    else:
+        scaler.update()

@@ -10,7 +10,6 @@ variable is not set.
 import json
 import os
 import subprocess
-import sys
 
 import mindspore as ms
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from lossscale import LossScaleOptimizer
+from nets import reference_batches, reference_weight
 
 PYTHON = os.environ.get("LOSSSCALE_KERAS_PYTHON")
 pytestmark = [pytest.mark.reference,
@@ -27,19 +27,8 @@ INJECTED = {2, 5, 6}
 LR = 0.05
 
 
-def _data(count, injected=INJECTED, seed=3):
-    rng = np.random.RandomState(seed)
-    batches = []
-    for i in range(count):
-        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
-        if i in injected:
-            x[1, 2] = np.inf
-        batches.append((x, y))
-    return batches
-
-
-def _weight():
-    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+def _data(count, injected=INJECTED):
+    return reference_batches(count, injected)
 
 
 RUNS = {
@@ -63,8 +52,9 @@ CONSTRUCTIONS = {
 @pytest.fixture(scope="module")
 def keras():
     """tf.keras' results for RUNS and CONSTRUCTIONS (one subprocess)."""
-    cases = {"training": [{"weight": _weight().tolist(), "batches": [[x.tolist(), y.tolist()] for x, y in batches],
-                           "lr": LR, "kwargs": kwargs} for kwargs, batches in RUNS.values()],
+    cases = {"training": [{"weight": reference_weight().tolist(), "lr": LR, "kwargs": kwargs,
+                           "batches": [[x.tolist(), y.tolist()] for x, y in batches]}
+                          for kwargs, batches in RUNS.values()],
              "constructions": CONSTRUCTIONS}
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_reference.py")
     done = subprocess.run([PYTHON, script], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
@@ -79,7 +69,7 @@ class LossScaleRun:
     """lossscale.LossScaleOptimizer on the same model, the tf.keras way (scale, unscale, apply) in one jit step."""
 
     def __init__(self, **kwargs):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
         self.optimizer = LossScaleOptimizer(nn.SGD(self.net.trainable_params(), learning_rate=LR), **kwargs)
         loss_net = nn.WithLossCell(self.net, nn.MSELoss())
         optimizer = self.optimizer

@@ -9,12 +9,12 @@ after every update, which iterations are skipped, the weights, ``state_dict()``,
 Paddle to lossscale, and Paddle's errors. Skipped when paddle is not installed (CI installs it when
 the package registry has it).
 """
-import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 
 from lossscale import GradScaler
+from nets import MISUSES, GradScalerRun, misuse_our_scaler, misuse_their_scaler, reference_batches, reference_weight
 
 paddle = pytest.importorskip("paddle")
 pytestmark = [pytest.mark.reference,  # Paddle's own backoff message converts its (1,)-shaped scale with float()
@@ -61,19 +61,8 @@ def paddle_scaler(**kwargs):
         module._dygraph_tracer = tracer
 
 
-def _data(count, seed=3):
-    rng = np.random.RandomState(seed)
-    batches = []
-    for i in range(count):
-        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
-        if i in INJECTED:
-            x[1, 2] = np.inf
-        batches.append((x, y))
-    return batches
-
-
-def _weight():
-    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+def _data(count):
+    return reference_batches(count, INJECTED)
 
 
 class PaddleRun:
@@ -81,7 +70,7 @@ class PaddleRun:
 
     def __init__(self, clip, minimize=False, **scaler_args):
         self.model = paddle.nn.Linear(4, 3, bias_attr=False)
-        self.model.weight.set_value(_weight().T)  # Paddle's Linear weight is (in, out)
+        self.model.weight.set_value(reference_weight().T)  # Paddle's Linear weight is (in, out)
         grad_clip = paddle.nn.ClipGradByGlobalNorm(CLIP) if clip else None
         self.optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=self.model.parameters(),
                                               grad_clip=grad_clip)
@@ -105,39 +94,9 @@ class PaddleRun:
         return self.model.weight.numpy().T.copy()
 
 
-class LossScaleRun:
+def LossScaleRun(clip, minimize=False, **scaler_args):
     """lossscale.GradScaler (Paddle's spelling) on the same model, in one mindspore.jit step."""
-
-    def __init__(self, clip, minimize=False, **scaler_args):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
-        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=0.05)
-        self.scaler = GradScaler(**scaler_args)
-        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
-        scaler, optimizer = self.scaler, self.optimizer
-
-        def forward(x, y):
-            return scaler.scale(loss_net(x, y))
-
-        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-        @ms.jit
-        def train_step(x, y):
-            _, grads = grad_fn(x, y)
-            if clip:
-                grads = ops.clip_by_global_norm(scaler.unscale_(grads), CLIP)
-            if minimize:
-                return scaler.minimize(optimizer, grads)
-            skipped = scaler.step(optimizer, grads)
-            scaler.update()
-            return skipped
-
-        self.train_step = train_step
-
-    def iteration(self, x, y):
-        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
-
-    def weight(self):
-        return self.net.weight.asnumpy().copy()
+    return GradScalerRun(GradScaler(**scaler_args), CLIP if clip else None, minimize)
 
 
 def _counts(scaler):
@@ -210,36 +169,14 @@ def test_the_same_errors_as_paddle():
     opt = nn.SGD(net.trainable_params(), 0.1)
     grads = (Tensor(np.ones((1, 2), np.float32)), Tensor(np.ones(1, np.float32)))
 
-    def paddle_misuse(kind):
-        scaler = paddle_scaler()
-        scaler.scale(model(paddle.ones((1, 2))).sum()).backward()
-        if kind == "unscale_twice":
-            scaler.unscale_(optimizer)
-            scaler.unscale_(optimizer)
-        elif kind == "step_twice":
-            scaler.step(optimizer)
-            scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
-            scaler.unscale_(optimizer)
-
-    def our_misuse(kind):
-        scaler = GradScaler()
-        if kind == "unscale_twice":
-            scaler.unscale_(scaler.unscale_(grads))
-        elif kind == "step_twice":
-            scaler.step(opt, grads)
-            scaler.step(opt, grads)
-        else:
-            scaler.step(opt, grads)
-            scaler.unscale_(grads)
-
-    for kind in ("unscale_twice", "step_twice", "unscale_after_step"):
+    for kind in MISUSES[:3]:  # Paddle's update() needs no step
         with pytest.raises(RuntimeError) as expected:
-            paddle_misuse(kind)
+            scaler = paddle_scaler()
+            scaler.scale(model(paddle.ones((1, 2))).sum()).backward()
+            misuse_their_scaler(scaler, optimizer, kind)
         optimizer.clear_grad()
         with pytest.raises(RuntimeError) as got:
-            our_misuse(kind)
+            misuse_our_scaler(GradScaler(), opt, grads, kind)
         assert str(got.value).startswith(str(expected.value).rstrip(".")), kind
     for bad in ({"incr_ratio": 1.0}, {"decr_ratio": 1.0}):
         with pytest.raises(AssertionError):

@@ -10,7 +10,8 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from lossscale import GradScaler
-from nets import own_names
+from nets import (MISUSES, GradScalerRun, misuse_our_scaler, misuse_their_scaler, own_names, reference_batches,
+                  reference_weight)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.reference
@@ -19,19 +20,8 @@ INJECTED = {2, 5, 6}  # iterations whose input holds an inf
 CLIP = 0.5
 
 
-def _data(count, seed=3):
-    rng = np.random.RandomState(seed)
-    batches = []
-    for i in range(count):
-        x, y = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32)
-        if i in INJECTED:
-            x[1, 2] = np.inf
-        batches.append((x, y))
-    return batches
-
-
-def _weight():
-    return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
+def _data(count):
+    return reference_batches(count, INJECTED)
 
 
 class TorchRun:
@@ -40,7 +30,7 @@ class TorchRun:
     def __init__(self, clip, **scaler_args):
         self.model = torch.nn.Linear(4, 3, bias=False)
         with torch.no_grad():
-            self.model.weight.copy_(torch.from_numpy(_weight()))
+            self.model.weight.copy_(torch.from_numpy(reference_weight()))
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05)
         self.scaler = torch.amp.GradScaler("cpu", **scaler_args)
         self.clip = clip
@@ -59,38 +49,9 @@ class TorchRun:
         return self.model.weight.detach().numpy().copy()
 
 
-class LossScaleRun:
+def LossScaleRun(clip, **scaler_args):
     """lossscale.GradScaler (PyTorch's spelling) on the same model, in one mindspore.jit step."""
-
-    def __init__(self, clip, **scaler_args):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(_weight()))
-        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=0.05)
-        self.scaler = GradScaler("cuda", **scaler_args)
-        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
-        scaler = self.scaler
-
-        def forward(x, y):
-            return scaler.scale(loss_net(x, y))
-
-        grad_fn = ms.value_and_grad(forward, None, self.optimizer.parameters)
-        optimizer = self.optimizer
-
-        @ms.jit
-        def train_step(x, y):
-            _, grads = grad_fn(x, y)
-            if clip:
-                grads = ops.clip_by_global_norm(scaler.unscale_(grads), CLIP)
-            skipped = scaler.step(optimizer, grads)
-            scaler.update()
-            return skipped
-
-        self.train_step = train_step
-
-    def iteration(self, x, y):
-        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
-
-    def weight(self):
-        return self.net.weight.asnumpy().copy()
+    return GradScalerRun(GradScaler("cuda", **scaler_args), CLIP if clip else None)
 
 
 @pytest.mark.parametrize("clip", [False, True], ids=["basic", "unscale_clip"])
@@ -128,39 +89,13 @@ def test_the_same_errors_as_pytorch():
     opt = nn.SGD(net.trainable_params(), 0.1)
     grads = (Tensor(np.ones((1, 2), np.float32)), Tensor(np.ones(1, np.float32)))
 
-    def torch_misuse(kind):
-        scaler = torch.amp.GradScaler("cpu")
-        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
-        if kind == "unscale_twice":
-            scaler.unscale_(optimizer)
-            scaler.unscale_(optimizer)
-        elif kind == "step_twice":
-            scaler.step(optimizer)
-            scaler.step(optimizer)
-        elif kind == "unscale_after_step":
-            scaler.step(optimizer)
-            scaler.unscale_(optimizer)
-        else:
-            scaler.update()
-
-    def our_misuse(kind):
-        scaler = GradScaler("cpu")
-        if kind == "unscale_twice":
-            scaler.unscale_(scaler.unscale_(grads))
-        elif kind == "step_twice":
-            scaler.step(opt, grads)
-            scaler.step(opt, grads)
-        elif kind == "unscale_after_step":
-            scaler.step(opt, grads)
-            scaler.unscale_(grads)
-        else:
-            scaler.update()
-
-    for kind in ("unscale_twice", "step_twice", "unscale_after_step", "update_without_step"):
+    for kind in MISUSES:
         with pytest.raises((RuntimeError, AssertionError)) as expected:
-            torch_misuse(kind)
+            scaler = torch.amp.GradScaler("cpu")
+            scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+            misuse_their_scaler(scaler, optimizer, kind)
         with pytest.raises(type(expected.value)) as got:
-            our_misuse(kind)
+            misuse_our_scaler(GradScaler("cpu"), opt, grads, kind)
         assert str(got.value).startswith(str(expected.value).rstrip(".")), kind
     for bad in ({"growth_factor": 1.0}, {"backoff_factor": 1.0}):
         with pytest.raises(AssertionError):
