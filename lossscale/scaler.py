@@ -94,6 +94,7 @@ def _tensor_loss_term(loss):
 @_loss_term.register("None")
 @_loss_term.register("Dictionary")
 def _python_loss_term(loss):
+    """A Python value where a loss belongs (under jit, where ``_scale_tree``'s check may be analysed later)."""
     return _check_loss(loss)
 
 
