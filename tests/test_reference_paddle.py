@@ -104,6 +104,13 @@ def _counts(scaler):
     return float(state["scale"][0]), state["incr_count"], state["decr_count"]
 
 
+def _assert_same_state(ours, theirs):
+    """The same ``state_dict()``: Paddle's keys, each value equal."""
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    for key, value in theirs.state_dict().items():
+        np.testing.assert_array_equal(ours.state_dict()[key], value, err_msg=key)
+
+
 @pytest.mark.parametrize("clip, minimize", [(False, False), (True, False), (False, True)],
                          ids=["step_update", "unscale_clip", "minimize"])
 def test_same_scales_counts_skips_weights_and_state_as_paddle(clip, minimize):
@@ -115,9 +122,7 @@ def test_same_scales_counts_skips_weights_and_state_as_paddle(clip, minimize):
         assert skipped == (i in INJECTED) and np.array_equal(before, ours.weight()) == skipped, i
         assert _counts(ours.scaler) == _counts(theirs.scaler), i
         np.testing.assert_allclose(ours.weight(), theirs.weight(), rtol=2e-5, atol=1e-6, err_msg=str(i))
-    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
-    for key, value in theirs.scaler.state_dict().items():
-        np.testing.assert_array_equal(ours.scaler.state_dict()[key], value, err_msg=key)
+    _assert_same_state(ours.scaler, theirs.scaler)
 
 
 def test_fixed_scale_skips_as_paddle():
@@ -129,7 +134,7 @@ def test_fixed_scale_skips_as_paddle():
         np.testing.assert_allclose(ours.weight(), theirs.weight(), rtol=2e-5, atol=1e-6, err_msg=str(i))
         assert ours.scaler.get_scale() == float(theirs.scaler.state_dict()["scale"][0]) == RULE["init_loss_scaling"]
     assert ours.scaler.state_dict()["use_dynamic_loss_scaling"] is False
-    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
+    _assert_same_state(ours.scaler, theirs.scaler)
 
 
 def test_paddle_state_continues_identically_in_lossscale():
@@ -213,9 +218,7 @@ def test_paddle_2_5_defaults_are_three_explicit_arguments():
         theirs.iteration(x, y)
         assert ours.iteration(x, y) == (i in INJECTED)
         assert _counts(ours.scaler) == _counts(theirs.scaler), i
-    assert ours.scaler.state_dict().keys() == theirs.scaler.state_dict().keys()
-    for key, value in theirs.scaler.state_dict().items():
-        np.testing.assert_array_equal(ours.scaler.state_dict()[key], value, err_msg=key)
+    _assert_same_state(ours.scaler, theirs.scaler)
 
 
 def test_update_without_a_step_counts_a_clean_iteration_where_paddle_repeats_the_last_decision():
