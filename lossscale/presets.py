@@ -61,7 +61,8 @@ DIFFERENCES = {
     "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf."
               + _NO_SUBNORMALS,
     "paddle_static": "none (the update_loss_scaling op floors at 1 and refuses a non-finite growth).",
-    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf." + _NO_SUBNORMALS,
+    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf." + _NO_SUBNORMALS
+             + " (Keras 3 on JAX does not: XLA flushes subnormal results to zero on CPU, measured.)",
     "tf_keras": "none (tf.keras floors the scale at 1 and refuses a non-finite growth).",
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
            "scale; 2**15 is the value of its documentation.",

@@ -11,8 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# Run by test_reference_keras.py under another interpreter (with TensorFlow): not importable here.
-collect_ignore = ["keras_reference.py"]
+# Run by test_reference_keras.py and test_reference_jax.py under other interpreters (with TensorFlow, with JAX):
+# not importable here.
+collect_ignore = ["keras_reference.py", "jax_reference.py"]
 
 
 

@@ -4,6 +4,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from lossscale import LossScaleOptimizer
 from lossscale.checkpoints import is_loss_scale_state
 
 
@@ -167,6 +168,39 @@ class GradScalerRun:
 
     def weight(self):
         return self.net.weight.asnumpy().copy()
+
+
+class LossScaleOptimizerRun:
+    """A lossscale ``LossScaleOptimizer(SGD(lr), **kwargs)`` training the bias-free Dense of :func:`reference_weight`
+    with MSE, the tf.keras way (``get_scaled_loss``, ``get_unscaled_gradients``, ``apply_gradients``) in one
+    ``mindspore.jit`` step."""
+
+    def __init__(self, lr, **kwargs):
+        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
+        self.optimizer = LossScaleOptimizer(nn.SGD(self.net.trainable_params(), learning_rate=lr), **kwargs)
+        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
+        optimizer = self.optimizer
+
+        def forward(x, y):
+            return optimizer.get_scaled_loss(loss_net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+        @ms.jit
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+
+        self.train_step = train_step
+
+    def iteration(self, x, y):
+        """One step on numpy ``x, y``; True if it was skipped."""
+        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+
+    def observed(self):
+        opt = self.optimizer
+        return {"loss_scale": float(opt.loss_scale.asnumpy()), "dynamic_counter": opt.dynamic_counter,
+                "iterations": int(opt.iterations.asnumpy().reshape(-1)[0])}
 
 
 MISUSES = ("unscale_twice", "step_twice", "unscale_after_step", "update_without_step")

@@ -11,13 +11,12 @@ import json
 import os
 import subprocess
 
-import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import nn
 
 from lossscale import LossScaleOptimizer
-from nets import reference_batches, reference_weight
+from nets import LossScaleOptimizerRun, reference_batches, reference_weight
 
 PYTHON = os.environ.get("LOSSSCALE_KERAS_PYTHON")
 pytestmark = [pytest.mark.reference,
@@ -66,40 +65,10 @@ def keras():
     return {"training": dict(zip(RUNS, results["training"])), "constructions": results["constructions"]}
 
 
-class LossScaleRun:
-    """lossscale.LossScaleOptimizer on the same model, the tf.keras way (scale, unscale, apply) in one jit step."""
-
-    def __init__(self, **kwargs):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
-        self.optimizer = LossScaleOptimizer(nn.SGD(self.net.trainable_params(), learning_rate=LR), **kwargs)
-        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
-        optimizer = self.optimizer
-
-        def forward(x, y):
-            return optimizer.get_scaled_loss(loss_net(x, y))
-
-        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-        @ms.jit
-        def train_step(x, y):
-            _, grads = grad_fn(x, y)
-            return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
-
-        self.train_step = train_step
-
-    def iteration(self, x, y):
-        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
-
-    def observed(self):
-        opt = self.optimizer
-        return {"loss_scale": float(opt.loss_scale.asnumpy()), "dynamic_counter": opt.dynamic_counter,
-                "iterations": int(opt.iterations.asnumpy().reshape(-1)[0])}
-
-
 @pytest.mark.parametrize("run", ["dynamic", "floor_at_one"])
 def test_same_scales_counters_iterations_and_weights_as_tf_keras(keras, run):
     kwargs, batches = RUNS[run]
-    ours = LossScaleRun(**kwargs)
+    ours = LossScaleOptimizerRun(LR, **kwargs)
     for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"][run])):
         before = ours.net.weight.asnumpy().copy()
         skipped = ours.iteration(x, y)
@@ -111,7 +80,7 @@ def test_same_scales_counters_iterations_and_weights_as_tf_keras(keras, run):
 def test_a_fixed_scale_skips_where_tf_keras_applies_non_finite_gradients(keras):
     """A deliberate difference (docs/migration.md): tf.keras applies them, and the weights become non-finite."""
     kwargs, batches = RUNS["fixed"]
-    ours = LossScaleRun(**kwargs)
+    ours = LossScaleOptimizerRun(LR, **kwargs)
     for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"]["fixed"])):
         before = ours.net.weight.asnumpy().copy()
         assert ours.iteration(x, y) == (i == 2)
