@@ -132,33 +132,23 @@ def reference_weight():
     return np.random.RandomState(0).randn(3, 4).astype(np.float32) * 0.5
 
 
-class GradScalerRun:
-    """``scaler`` (a lossscale GradScaler) training a bias-free Dense from :func:`reference_weight` with MSE and
-    SGD in one ``mindspore.jit`` step: ``unscale_`` and global-norm clipping to ``clip`` if given, then ``step`` +
-    ``update``, or ``minimize``."""
+class ReferenceRun:
+    """The bias-free Dense of :func:`reference_weight` trained with MSE in one ``mindspore.jit`` step:
+    ``apply(grads)`` on the gradients of ``scale_loss(loss)`` with respect to ``parameters``."""
 
-    def __init__(self, scaler, clip=None, minimize=False, lr=0.05):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
-        self.optimizer = nn.SGD(self.net.trainable_params(), learning_rate=lr)
-        self.scaler = scaler
-        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
-        optimizer = self.optimizer
+    def __init__(self, net, scale_loss, parameters, apply):
+        self.net = net
+        loss_net = nn.WithLossCell(net, nn.MSELoss())
 
         def forward(x, y):
-            return scaler.scale(loss_net(x, y))
+            return scale_loss(loss_net(x, y))
 
-        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+        grad_fn = ms.value_and_grad(forward, None, parameters)
 
         @ms.jit
         def train_step(x, y):
             _, grads = grad_fn(x, y)
-            if clip is not None:
-                grads = ops.clip_by_global_norm(scaler.unscale_(grads), clip)
-            if minimize:
-                return scaler.minimize(optimizer, grads)
-            skipped = scaler.step(optimizer, grads)
-            scaler.update()
-            return skipped
+            return apply(grads)
 
         self.train_step = train_step
 
@@ -170,32 +160,43 @@ class GradScalerRun:
         return self.net.weight.asnumpy().copy()
 
 
-class LossScaleOptimizerRun:
-    """A lossscale ``LossScaleOptimizer(SGD(lr), **kwargs)`` training the bias-free Dense of :func:`reference_weight`
-    with MSE, the tf.keras way (``get_scaled_loss``, ``get_unscaled_gradients``, ``apply_gradients``) in one
-    ``mindspore.jit`` step."""
+def reference_net():
+    return nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
+
+
+class GradScalerRun(ReferenceRun):
+    """``scaler`` (a lossscale GradScaler) with SGD: ``unscale_`` and global-norm clipping to ``clip`` if given,
+    then ``step`` + ``update``, or ``minimize``."""
+
+    def __init__(self, scaler, clip=None, minimize=False, lr=0.05):
+        net = reference_net()
+        self.optimizer = optimizer = nn.SGD(net.trainable_params(), learning_rate=lr)
+        self.scaler = scaler
+
+        def apply(grads):
+            if clip is not None:
+                grads = ops.clip_by_global_norm(scaler.unscale_(grads), clip)
+            if minimize:
+                return scaler.minimize(optimizer, grads)
+            skipped = scaler.step(optimizer, grads)
+            scaler.update()
+            return skipped
+
+        super().__init__(net, scaler.scale, optimizer.parameters, apply)
+
+
+class LossScaleOptimizerRun(ReferenceRun):
+    """A lossscale ``LossScaleOptimizer(SGD(lr), **kwargs)``, the tf.keras way: ``get_scaled_loss``,
+    ``get_unscaled_gradients``, ``apply_gradients``."""
 
     def __init__(self, lr, **kwargs):
-        self.net = nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
-        self.optimizer = LossScaleOptimizer(nn.SGD(self.net.trainable_params(), learning_rate=lr), **kwargs)
-        loss_net = nn.WithLossCell(self.net, nn.MSELoss())
-        optimizer = self.optimizer
+        net = reference_net()
+        self.optimizer = optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), learning_rate=lr), **kwargs)
 
-        def forward(x, y):
-            return optimizer.get_scaled_loss(loss_net(x, y))
-
-        grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
-
-        @ms.jit
-        def train_step(x, y):
-            _, grads = grad_fn(x, y)
+        def apply(grads):
             return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
 
-        self.train_step = train_step
-
-    def iteration(self, x, y):
-        """One step on numpy ``x, y``; True if it was skipped."""
-        return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
+        super().__init__(net, optimizer.get_scaled_loss, optimizer.parameters, apply)
 
     def observed(self):
         opt = self.optimizer
