@@ -114,6 +114,37 @@ def megatron_rule(flags, scale=2.0**32, min_scale=1.0, growth=2.0, backoff=0.5, 
     return out
 
 
+class DeepSpeedMinScaleError(Exception):
+    """DeepSpeed's "Current loss scale already at minimum" exception."""
+
+
+def deepspeed_rule(flags, scale=2.0**16, window=1000, min_scale=1.0, delayed_shift=2, consecutive_hysteresis=False):
+    """DeepSpeed 0.19 DynamicLossScaler.update_scale (raise_error_at_min_scale=True), with its fp16 config's
+    defaults (initial_scale_power 16, loss_scale_window 1000, hysteresis 2, min_loss_scale 1). No preset has
+    this rule: see test_deepspeed_is_megatron_but_grows_one_step_later."""
+    cur_iter, last_overflow_iter, cur_hysteresis, out = 0, -1, delayed_shift, []
+    for overflow in flags:
+        if overflow:
+            if delayed_shift == 1 or cur_hysteresis == 1:
+                if scale == min_scale:
+                    raise DeepSpeedMinScaleError(cur_iter)
+                scale = max(scale / 2.0, min_scale)
+            else:
+                cur_hysteresis -= 1
+            last_overflow_iter = cur_iter
+        else:
+            if consecutive_hysteresis:
+                cur_hysteresis = delayed_shift
+            stable_interval = (cur_iter - last_overflow_iter) - 1
+            if stable_interval > 0 and stable_interval % window == 0:
+                if not consecutive_hysteresis:
+                    cur_hysteresis = delayed_shift
+                scale *= 2.0
+        cur_iter += 1
+        out.append(float(scale))
+    return out
+
+
 def mindspore_rule(flags, scale=2.0**24, factor=2.0, window=2000):
     """mindspore.nn.DynamicLossScaleUpdateCell (grows to inf)."""
     scale, cur, last, out = F32(scale), 1, 0, []
@@ -221,3 +252,23 @@ def test_pytorch_grad_scaler_live():
         torch._amp_update_scale_(scale, tracker, found, 2.0, 0.5, 3)  # pylint: disable=protected-access
         theirs.append(float(scale))
     assert [s.scale for s in run(get_preset("pytorch", growth_interval=3), flags)] == theirs
+
+
+def test_deepspeed_is_megatron_but_grows_one_step_later():
+    """DeepSpeed users: ``get_preset("megatron", init_scale=2**16)`` is DeepSpeed's fp16 rule with its defaults
+    (hysteresis 2 refilled by a growth, window 1000, floor 1) but for two things (docs/migration.md): DeepSpeed
+    grows after ``window + 1`` clean steps following the start or an overflow, then every ``window``; and it
+    raises at its floor where lossscale stays there (the train cell's ``overflow_policy="raise"`` does that)."""
+    deepspeed_like = get_preset("megatron", init_scale=2.0**16)
+    backoffs_only = [T, F, T, T, F, T, F, F, T, T, T] + [F] * 30 + [T, T]
+    assert [s.scale for s in run(deepspeed_like, backoffs_only)] == deepspeed_rule(backoffs_only)
+    window = 3
+    clean_then_overflow = [F] * 7 + [T] + [F] * 7
+    ours = [s.scale for s in run(get_preset("megatron", init_scale=2.0**16, growth_interval=window), clean_then_overflow)]
+    theirs = deepspeed_rule(clean_then_overflow, window=window)
+    growths = [[i for i in range(1, len(scales)) if scales[i] == 2 * scales[i - 1]] for scales in (ours, theirs)]
+    assert growths == [[2, 5, 10, 13], [3, 6, 11, 14]]  # the overflow at 7 only spends hysteresis and restarts the count
+    at_floor = run(get_preset("megatron", init_scale=2.0), [T] * 4)
+    assert [s.scale for s in at_floor] == [2.0, 1.0, 1.0, 1.0]
+    with pytest.raises(DeepSpeedMinScaleError):
+        deepspeed_rule([T] * 4, scale=2.0)
