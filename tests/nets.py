@@ -1,4 +1,8 @@
 """Small networks, data and training drivers shared by the tests."""
+import json
+import os
+import subprocess
+
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -156,11 +160,21 @@ class ReferenceRun:
         """One step on numpy ``x, y``; True if it was skipped."""
         return bool(self.train_step(Tensor(x), Tensor(y)).asnumpy())
 
+    def checked_iteration(self, x, y, label=None):
+        """:meth:`iteration`, asserting that it skipped exactly when ``x`` holds a non-finite value (the injected
+        batches of :func:`reference_batches`), and that the weights changed exactly when it did not."""
+        before = self.weight()
+        skipped = self.iteration(x, y)
+        assert skipped == (not np.all(np.isfinite(x))), label
+        assert np.array_equal(before, self.weight()) == skipped, label
+        return skipped
+
     def weight(self):
         return self.net.weight.asnumpy().copy()
 
 
 def reference_net():
+    """The bias-free Dense(4, 3) of :func:`reference_weight`."""
     return nn.Dense(4, 3, has_bias=False, weight_init=Tensor(reference_weight()))
 
 
@@ -202,6 +216,23 @@ class LossScaleOptimizerRun(ReferenceRun):
         opt = self.optimizer
         return {"loss_scale": float(opt.loss_scale.asnumpy()), "dynamic_counter": opt.dynamic_counter,
                 "iterations": int(opt.iterations.asnumpy().reshape(-1)[0])}
+
+
+def training_case(kwargs, batches, lr):
+    """A training run of the reference model as JSON for a reference script: the weight (out x in), the
+    learning rate, the scaler's ``kwargs`` and the ``batches``."""
+    return {"weight": reference_weight().tolist(), "lr": lr, "kwargs": kwargs,
+            "batches": [[x.tolist(), y.tolist()] for x, y in batches]}
+
+
+def run_reference_script(python, script, cases):
+    """Run ``tests/<script>`` under the interpreter ``python`` (a framework that cannot share this process) with
+    ``cases`` as JSON on stdin; return its JSON output."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    done = subprocess.run([python, path], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
 MISUSES = ("unscale_twice", "step_twice", "unscale_after_step", "update_without_step")

@@ -12,9 +12,7 @@ need NumPy 2, while MindSpore needs NumPy < 2: they run in their own interpreter
   weights after every step of ``LossScaleOptimizer(policy=get_preset("keras"))``; and the preset's rule
   (the pure policy and the graph update cell) on flag sequences, with the deliberate differences pinned.
 """
-import json
 import os
-import subprocess
 
 import mindspore as ms
 import numpy as np
@@ -25,7 +23,7 @@ from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, LossScaler, get_preset
 from lossscale.policy import FLOAT32_TINY, run
 from lossscale.presets import DIFFERENCES
-from nets import LossScaleOptimizerRun, reference_batches, reference_weight
+from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
 PYTHON = os.environ.get("LOSSSCALE_JAX_PYTHON")
 pytestmark = [pytest.mark.reference,
@@ -99,16 +97,10 @@ def jax_results():
     cases = {
         "jmp": [dict(args, steps=[{"loss": _spec(loss), "grads": [_spec(g) for g in grads]} for loss, grads in steps])
                 for args, steps in JMP_CASES.values()],
-        "keras_training": [{"weight": reference_weight().tolist(), "lr": KERAS_LR, "kwargs": kwargs,
-                            "batches": [[x.tolist(), y.tolist()] for x, y in batches]}
-                           for kwargs, batches in KERAS_RUNS.values()],
+        "keras_training": [training_case(kwargs, batches, KERAS_LR) for kwargs, batches in KERAS_RUNS.values()],
         "keras_flags": [{"kwargs": kwargs, "flags": flags} for kwargs, flags in KERAS_FLAGS.values()],
     }
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_reference.py")
-    done = subprocess.run([PYTHON, script], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_reference_script(PYTHON, "jax_reference.py", cases)
     assert int(results["versions"]["keras"].split(".")[0]) >= 3, results["versions"]
     return {"jmp": dict(zip(JMP_CASES, results["jmp"])),
             "keras_training": dict(zip(KERAS_RUNS, results["keras_training"])),
@@ -163,23 +155,22 @@ def test_jmp_cases_reach_what_they_are_named_for(jax_results):
     assert nonzero[0] == 5 and scales["float16_at_2_30"][1] == 2.0**29
 
 
+def _keras_policy(kwargs):
+    """The "keras" preset with the Keras 3 ``LossScaleOptimizer`` arguments ``kwargs`` (Keras' defaults otherwise)."""
+    return get_preset("keras", init_scale=kwargs.get("initial_scale", 2.0**15),
+                      growth_interval=kwargs.get("dynamic_growth_steps", 2000))
+
+
 @pytest.mark.parametrize("label", sorted(KERAS_RUNS))
 def test_keras_preset_trains_like_keras_3(jax_results, label):
     """The same scales, counters and weights after every step; the weights untouched on the skipped ones."""
     kwargs, batches = KERAS_RUNS[label]
-    ours = LossScaleOptimizerRun(KERAS_LR, policy=get_preset("keras", init_scale=kwargs.get("initial_scale", 2.0**15),
-                                                               growth_interval=kwargs.get("dynamic_growth_steps", 2000)))
+    ours = LossScaleOptimizerRun(KERAS_LR, policy=_keras_policy(kwargs))
     for i, ((x, y), theirs) in enumerate(zip(batches, jax_results["keras_training"][label])):
-        before = ours.net.weight.asnumpy().copy()
-        skipped = ours.iteration(x, y)
-        assert skipped == (not np.all(np.isfinite(x))) and np.array_equal(before, ours.net.weight.asnumpy()) == skipped
+        ours.checked_iteration(x, y, i)
         observed = ours.observed()
         assert (observed["loss_scale"], observed["dynamic_counter"]) == (theirs["loss_scale"], theirs["counter"]), i
-        np.testing.assert_allclose(ours.net.weight.asnumpy(), theirs["weight"], rtol=2e-5, atol=1e-6, err_msg=str(i))
-
-
-def _keras_policy(kwargs):
-    return get_preset("keras", init_scale=kwargs["initial_scale"], growth_interval=kwargs["dynamic_growth_steps"])
+        np.testing.assert_allclose(ours.weight(), theirs["weight"], rtol=2e-5, atol=1e-6, err_msg=str(i))
 
 
 @pytest.fixture(scope="module")

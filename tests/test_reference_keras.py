@@ -7,16 +7,14 @@ session. The same model, data and injected infs in both: the loss scale, ``dynam
 ``iterations`` and the weights after every step; the construction errors. Skipped when the
 variable is not set.
 """
-import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 from mindspore import nn
 
 from lossscale import LossScaleOptimizer
-from nets import LossScaleOptimizerRun, reference_batches, reference_weight
+from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
 PYTHON = os.environ.get("LOSSSCALE_KERAS_PYTHON")
 pytestmark = [pytest.mark.reference,
@@ -51,15 +49,9 @@ CONSTRUCTIONS = {
 @pytest.fixture(scope="module")
 def keras():
     """tf.keras' results for RUNS and CONSTRUCTIONS (one subprocess)."""
-    cases = {"training": [{"weight": reference_weight().tolist(), "lr": LR, "kwargs": kwargs,
-                           "batches": [[x.tolist(), y.tolist()] for x, y in batches]}
-                          for kwargs, batches in RUNS.values()],
+    cases = {"training": [training_case(kwargs, batches, LR) for kwargs, batches in RUNS.values()],
              "constructions": CONSTRUCTIONS}
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras_reference.py")
-    done = subprocess.run([PYTHON, script], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = run_reference_script(PYTHON, "keras_reference.py", cases)
     version = tuple(int(part) for part in results["tensorflow"].split(".")[:2])
     assert version <= (2, 15), f"tf.keras must be Keras 2 (TensorFlow <= 2.15), got {results['tensorflow']}"
     return {"training": dict(zip(RUNS, results["training"])), "constructions": results["constructions"]}
@@ -70,11 +62,9 @@ def test_same_scales_counters_iterations_and_weights_as_tf_keras(keras, run):
     kwargs, batches = RUNS[run]
     ours = LossScaleOptimizerRun(LR, **kwargs)
     for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"][run])):
-        before = ours.net.weight.asnumpy().copy()
-        skipped = ours.iteration(x, y)
-        assert skipped == (not np.all(np.isfinite(x))) and np.array_equal(before, ours.net.weight.asnumpy()) == skipped
+        ours.checked_iteration(x, y, i)
         assert ours.observed() == {k: theirs[k] for k in ("loss_scale", "dynamic_counter", "iterations")}, i
-        np.testing.assert_allclose(ours.net.weight.asnumpy(), theirs["weight"], rtol=2e-5, atol=1e-6, err_msg=str(i))
+        np.testing.assert_allclose(ours.weight(), theirs["weight"], rtol=2e-5, atol=1e-6, err_msg=str(i))
 
 
 def test_a_fixed_scale_skips_where_tf_keras_applies_non_finite_gradients(keras):
@@ -82,16 +72,16 @@ def test_a_fixed_scale_skips_where_tf_keras_applies_non_finite_gradients(keras):
     kwargs, batches = RUNS["fixed"]
     ours = LossScaleOptimizerRun(LR, **kwargs)
     for i, ((x, y), theirs) in enumerate(zip(batches, keras["training"]["fixed"])):
-        before = ours.net.weight.asnumpy().copy()
+        before = ours.weight()
         assert ours.iteration(x, y) == (i == 2)
         assert ours.observed() == {"loss_scale": 8.0, "dynamic_counter": None, "iterations": i + 1}
         assert theirs["loss_scale"] == 8.0 and theirs["iterations"] == i + 1
         if i < 2:
-            np.testing.assert_allclose(ours.net.weight.asnumpy(), theirs["weight"], rtol=2e-5, atol=1e-6)
+            np.testing.assert_allclose(ours.weight(), theirs["weight"], rtol=2e-5, atol=1e-6)
             continue
         assert not np.all(np.isfinite(theirs["weight"]))  # tf.keras applied the inf at 2 and stays non-finite
-        assert np.all(np.isfinite(ours.net.weight.asnumpy()))
-        assert np.array_equal(ours.net.weight.asnumpy(), before) == (i == 2)  # skipped at 2, stepped at 3
+        assert np.all(np.isfinite(ours.weight()))
+        assert np.array_equal(ours.weight(), before) == (i == 2)  # skipped at 2, stepped at 3
 
 
 def _construct(kwargs):
