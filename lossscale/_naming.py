@@ -24,13 +24,21 @@ def claim_name(name, owner, default):
         ('doc_scaler', 'doc_scaler_1')
     """
     if name is None:
-        for candidate in itertools.chain([default], (f"{default}_{n}" for n in itertools.count(1))):
-            if candidate not in _OWNERS:
-                _OWNERS[candidate] = owner
-                return candidate
+        name = free_name(default)
     check_name(name)
     if _OWNERS.get(name, owner) is not owner:
         raise ValueError(f"'name' {name!r} is already used by another {type(_OWNERS[name]).__name__}; its Parameters "
                          f"would collide in a graph. Choose another name, or leave it None for a unique one.")
     _OWNERS[name] = owner
     return name
+
+
+def free_name(name):
+    """``name`` if no living owner holds it, else the first free ``name_1``, ``name_2``, ...
+
+    Example:
+        >>> free_name("doc_unused")
+        'doc_unused'
+    """
+    return next(candidate for candidate in itertools.chain([name], (f"{name}_{n}" for n in itertools.count(1)))
+                if candidate not in _OWNERS)

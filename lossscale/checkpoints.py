@@ -13,13 +13,14 @@ Example:
     >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
     (True, True, False)
 """
-import numpy as np
 from mindspore import Parameter, Tensor
 from mindspore import load_param_into_net
 
+from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
+from lossscale.policy import LossScaleState, check_state
 from lossscale.scaler import positive_scale
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 ACCUMULATOR_PREFIX = "loss_scale_accumulator."
 
@@ -29,21 +30,20 @@ def is_loss_scale_state(name):
     return name == "scale_sense" or name.startswith("loss_scale_")
 
 
-def _value(parameter):
-    return parameter.asnumpy().reshape(-1)
+def _count(parameter):
+    """A scalar int Parameter's value as a Python int (one host sync)."""
+    return int(parameter.asnumpy().reshape(-1)[0])
 
 
-def _in_range(name, value, low, high):
-    if not low <= value <= high:
-        raise ValueError(f"'{name}' holds {value!r}, outside [{low}, {high}]: the loaded state does not belong to "
-                         f"this train cell's configuration. Load a checkpoint written by the same configuration, or "
-                         f"call load_state_dict()/set_sense_scale() with valid values.")
+_FOREIGN_STATE = ("The loaded state does not belong to this train cell's configuration: load a checkpoint written by "
+                  "the same configuration, or call load_state_dict()/set_sense_scale() with valid values.")
 
 
 def check_cell_state(cell):
     """Raise ``ValueError`` if ``cell`` (a :class:`lossscale.TrainOneStepWithLossScaleCell`) holds a loss-scale
     state it cannot train with: a scale that is not finite, not > 0 or outside the update cell's bounds, a
-    fixed update cell whose scale was changed, counters outside their ranges. One host sync."""
+    fixed update cell whose scale was changed, counters outside their ranges. The message is the shared
+    argument check's (the Parameter, its value, the allowed range) and what to do. One host sync."""
     scale = cell.get_loss_scale()
     try:
         positive_scale("scale_sense", scale)
@@ -51,23 +51,27 @@ def check_cell_state(cell):
         raise ValueError(f"'scale_sense' holds {scale!r}: a loss scale must be finite and > 0 (MindSpore's own cell "
                          f"writes inf once its scale grows past 2**127). Set a valid scale with set_sense_scale() "
                          f"or load_state_dict() before training.") from None
+    try:
+        _check_rule_state(cell, scale)
+    except ValueError as error:
+        raise ValueError(f"{error} {_FOREIGN_STATE}") from None
+
+
+def _check_rule_state(cell, scale):
+    """The update cell's state and the train cell's counters within their ranges (shared checks)."""
     update_cell = cell.loss_scaling_manager
     if isinstance(update_cell, DynamicLossScaleUpdateCell):
-        policy = update_cell.policy
-        _in_range("scale_sense", scale, policy.floor, policy.ceiling)
-        _in_range("loss_scale_good_steps", int(_value(update_cell.good_steps)[0]), 0, policy.growth_interval - 1)
-        _in_range("loss_scale_hysteresis_left", int(_value(update_cell.hysteresis_left)[0]), 1, policy.hysteresis)
+        state = LossScaleState(scale=scale, good_steps=_count(update_cell.good_steps),
+                               hysteresis_left=_count(update_cell.hysteresis_left))
+        check_state(update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps",
+                                                      "loss_scale_hysteresis_left"))
     elif isinstance(update_cell, FixedLossScaleUpdateCell):
-        fixed = float(np.float32(update_cell.loss_scale_value))
-        if scale != fixed:
-            raise ValueError(f"'scale_sense' holds {scale!r} but the FixedLossScaleUpdateCell fixes the scale at "
-                             f"{fixed!r}: the loaded state comes from another configuration. Build the update cell "
-                             f"with {scale!r}, or set the scale back with load_state_dict().")
+        check_fixed_state({"loss_scale": scale}, update_cell.loss_scale_value, name="scale_sense")
     for name, count in cell.overflow_counters().items():
-        _in_range(f"loss_scale_{name}", count, 0, INT32_MAX)
+        check_int_in_range(f"loss_scale_{name}", count, low=0, high=INT32_MAX)
     if cell.accumulation is not None:
-        _in_range("loss_scale_micro_step", int(_value(cell.accumulation.micro_step)[0]), 0,
-                  cell.accumulation_steps - 1)
+        check_int_in_range("loss_scale_micro_step", _count(cell.accumulation.micro_step), low=0,
+                           high=cell.accumulation_steps - 1)
 
 
 def restore_loss_scale(cell, param_dict):
@@ -121,7 +125,7 @@ def checkpoint_choice(cell):
     sums and are kept, so that resuming there is exact. The window position is read now (one host
     sync): build the function right before saving. Without accumulation it keeps everything.
     """
-    at_boundary = cell.accumulation is None or int(_value(cell.accumulation.micro_step)[0]) == 0
+    at_boundary = cell.accumulation is None or _count(cell.accumulation.micro_step) == 0
 
     def choose(name):
         return not (at_boundary and name.startswith(ACCUMULATOR_PREFIX))

@@ -54,7 +54,7 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale import overflow as _overflow
-from lossscale._naming import claim_name
+from lossscale._naming import claim_name, free_name
 from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
@@ -190,7 +190,7 @@ class GradScaler:
             self._policy = _as_policy(policy)
         else:
             self._policy = _framework_rule(rule, self._FIELDS, self._base_rule())
-        self._config = dict(config, policy=policy, overflow_check=overflow_check)
+        self._config = dict(config, policy=policy, overflow_check=overflow_check, name=name)
         self._enabled = enabled
         self._core = None
         self._states = None
@@ -450,7 +450,8 @@ class GradScaler:
                     "GradScaler.")
 
     def __getstate__(self):
-        """Pickle between iterations only (as PyTorch): the configuration and the state."""
+        """Pickle between iterations only (as PyTorch): the configuration and the state. An explicit ``name``
+        comes back as given if no living scaler holds it (e.g. in a new process), else as ``name_1``, ..."""
         if self._enabled and not self._states.between_iterations():
             raise RuntimeError("A GradScaler can only be pickled at the beginning of an iteration, or at the end "
                                "after update().")
@@ -458,8 +459,9 @@ class GradScaler:
 
     def __setstate__(self, saved):
         config = dict(saved["config"])
-        policy = config.pop("policy")
-        self.__init__(**dict(config, policy=policy))
+        if config.get("name") is not None:
+            config["name"] = free_name(config["name"])
+        self.__init__(**config)
         if saved["state"]:
             self.load_state_dict(saved["state"])
 

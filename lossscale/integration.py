@@ -9,6 +9,8 @@ raises "Only `loss_scale_manager=None` ... are supported on device `CPU`".
 ``Model`` is ``mindspore.train.Model`` with that builder: callbacks,
 ``LossMonitor``, ``eval`` and metrics are MindSpore's.
 """
+import inspect
+
 from mindspore import Tensor, get_context, nn
 from mindspore.common import dtype as mstype
 from mindspore.amp import LossScaleManager
@@ -53,23 +55,30 @@ def _check_build_arguments(network, optimizer, level, kwargs):
                          "pipeline.")
 
 
+def _train_cell_defaults():
+    """The defaults of :data:`TRAIN_CELL_OPTIONS`, read from the train cell's signature (one source of truth)."""
+    parameters = inspect.signature(TrainOneStepWithLossScaleCell.__init__).parameters
+    return {name: parameters[name].default for name in TRAIN_CELL_OPTIONS}
+
+
 def _check_train_cell_options(options):
     """The train-cell options of ``Model`` checked when it is built, not when training starts: the same checks as
-    the train cell's, on a throw-away cell-free path."""
+    the train cell's, without building it (there is no network yet)."""
     from lossscale.bookkeeping import PersistentOverflowPolicy, check_debug_flag  # pylint: disable=import-outside-toplevel
     from lossscale.clipping import GlobalNormClip  # pylint: disable=import-outside-toplevel
     from lossscale.overflow import make_overflow_check  # pylint: disable=import-outside-toplevel
     from lossscale._validation import check_int_in_range  # pylint: disable=import-outside-toplevel
 
-    if options.get("clip_global_norm") is not None:
+    options = dict(_train_cell_defaults(), **options)
+    if options["clip_global_norm"] is not None:
         GlobalNormClip(options["clip_global_norm"])
-    check_int_in_range("accumulation_steps", options.get("accumulation_steps", 1), low=1)
-    PersistentOverflowPolicy(options.get("overflow_policy", "skip"), options.get("max_consecutive_overflows"))
-    check_debug_flag(options.get("debug_overflow", False))
-    if options.get("overflow_check") is not None:
+    check_int_in_range("accumulation_steps", options["accumulation_steps"], low=1)
+    PersistentOverflowPolicy(options["overflow_policy"], options["max_consecutive_overflows"])
+    check_debug_flag(options["debug_overflow"])
+    if options["overflow_check"] is not None:
         make_overflow_check(options["overflow_check"])
     for flag in ("extra_outputs", "lr_per_micro_batch"):
-        check_bool(flag, options.get(flag, False))
+        check_bool(flag, options[flag])
 
 
 def check_boost_level(boost_level, options, manager):

@@ -70,11 +70,12 @@ class _UpdateCellBase(nn.Cell):
             write_parameter(parameter, np.float32(value))
 
 
-def check_fixed_state(state, fixed_scale):
-    """A fixed scale's saved state, ``{'loss_scale': S}``, must hold exactly that scale (in float32)."""
+def check_fixed_state(state, fixed_scale, name="state_dict['loss_scale']"):
+    """A fixed scale's saved state, ``{'loss_scale': S}``, must hold exactly that scale (in float32); the error
+    names the value as ``name``."""
     saved = state_dict_values(state, ("loss_scale",))["loss_scale"]
     if float(np.float32(saved)) != float(np.float32(fixed_scale)):
-        raise ValueError(f"'state_dict['loss_scale']' must equal the fixed loss scale {float(fixed_scale)!r}, but got "
+        raise ValueError(f"'{name}' must equal the fixed loss scale {float(fixed_scale)!r}, but got "
                          f"{saved!r}.")
 
 

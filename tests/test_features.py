@@ -1,5 +1,6 @@
 """Training-loop features of the train cell: clipping, accumulation, resume, overflow policy,
 counters, forensics, bad input, and property-based invariants."""
+import inspect
 import json
 import logging
 import os
@@ -321,7 +322,7 @@ def test_forensics_off_adds_no_state():
 
 # ---- 7. bad input -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, pattern", [
+BAD_FEATURE_ARGUMENTS = [
     (dict(clip_global_norm=0.0), ValueError, "'clip_global_norm'.*0.0"),
     (dict(clip_global_norm=float("inf")), ValueError, "'clip_global_norm'.*inf"),
     (dict(clip_global_norm="1"), TypeError, "'clip_global_norm'"),
@@ -331,10 +332,34 @@ def test_forensics_off_adds_no_state():
     (dict(max_consecutive_overflows=3), ValueError, "needs overflow_policy='warn' or 'raise'"),
     (dict(overflow_policy="raise", max_consecutive_overflows=0), ValueError, "'max_consecutive_overflows'"),
     (dict(debug_overflow="yes"), TypeError, "'debug_overflow'"),
-])
+    (dict(overflow_check="tpu"), ValueError, "'overflow_check' must be one of .* but got 'tpu'"),
+    (dict(extra_outputs=1), TypeError, "'extra_outputs' must be a bool"),
+    (dict(lr_per_micro_batch="no"), TypeError, "'lr_per_micro_batch' must be a bool"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", BAD_FEATURE_ARGUMENTS)
 def test_bad_feature_arguments(kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         _policy_step(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", BAD_FEATURE_ARGUMENTS)
+def test_model_refuses_bad_feature_arguments_when_built(kwargs, error, pattern):
+    """Model checks its train-cell options at construction (it builds the cell only when training starts)."""
+    net = regression_net()
+    with pytest.raises(error, match=pattern):
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=_dynamic(), **kwargs)
+
+
+def test_model_checks_every_train_cell_option_with_the_train_cells_defaults():
+    """Model's early check reads the option defaults from the train cell's signature (one source of truth)."""
+    from lossscale.integration import TRAIN_CELL_OPTIONS, _train_cell_defaults  # pylint: disable=import-outside-toplevel
+
+    keyword_only = {name for name, parameter in inspect.signature(TrainOneStepWithLossScaleCell).parameters.items()
+                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert set(TRAIN_CELL_OPTIONS) == keyword_only - {"drop_overflow_update"}
+    assert _train_cell_defaults()["overflow_policy"] == "skip" and _train_cell_defaults()["accumulation_steps"] == 1
 
 
 def test_build_train_network_rejects_unknown_keywords():

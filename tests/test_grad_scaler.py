@@ -6,6 +6,7 @@ parameter, with the scale checked against growth**unskipped * backoff**skipped) 
 GradScaler tests (defaults, getters/setters, state_dict), each eager and under mindspore.jit. Then a
 regression test per defect of the 0.1.0 front-end.
 """
+import gc
 import inspect
 import pickle
 
@@ -890,6 +891,21 @@ def test_pickle_between_iterations_only():
     assert type(copy) is TorchGradScaler and copy.state_dict() == scaler.state_dict()
     paddle = pickle.loads(pickle.dumps(GradScaler(init_loss_scaling=16.0, enable=False)))
     assert type(paddle) is GradScaler and not paddle.is_enable()
+
+
+def test_pickle_keeps_an_explicit_name_when_it_is_free():
+    """The Parameter names of an unpickled scaler: its own name in a new process (the original is gone), a
+    free variant while the original lives (two scalers in one graph need distinct names)."""
+    def names(scaler):
+        return sorted(p.name for p in scaler._core.get_parameters())  # pylint: disable=protected-access
+
+    original = GradScaler(init_loss_scaling=64.0, name="pickled_gen")
+    saved = pickle.dumps(original)
+    twin = pickle.loads(saved)
+    assert names(twin)[0].startswith("pickled_gen_1.") and twin.get_scale() == 64.0
+    del original, twin
+    gc.collect()
+    assert names(pickle.loads(saved))[0].startswith("pickled_gen.")
 
 
 # ---- setters ---------------------------------------------------------------------------------------------

@@ -85,12 +85,54 @@ def test_counters_of_another_configuration_are_refused(tmp_path):
     saved = _checkpoint(source, tmp_path / "h3.ckpt")
     target = _dynamic_cell()
     ms.load_param_into_net(target, saved)
-    with pytest.raises(ValueError, match=r"'loss_scale_hysteresis_left' holds 3, outside \[1, 1\]"):
+    with pytest.raises(ValueError, match=r"'loss_scale_hysteresis_left' must be an int in \[1, 1\], but got 3\. "
+                                         r"The loaded state does not belong"):
         target.check_state()
     counters = _dynamic_cell()
     counters.counters.steps.set_data(Tensor(-5, mstype.int32))
-    with pytest.raises(ValueError, match=r"'loss_scale_steps' holds -5"):
+    with pytest.raises(ValueError, match=r"'loss_scale_steps' must be an int in \[0, 2147483647\], but got -5\."):
         counters.check_state()
+
+
+def _accumulating_cell():
+    net = regression_net()
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02),
+                                         DynamicLossScaleManager(2**12, scale_window=2).get_update_cell(),
+                                         accumulation_steps=3)
+
+
+def _fixed_cell():
+    net = regression_net()
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02), FixedLossScaleUpdateCell(1024.0))
+
+
+# (cell, Parameter name, value written as a checkpoint load would, message)
+FOREIGN_STATES = [
+    (lambda: _dynamic_cell(max_loss_scale=2.0**14), "scale_sense", np.float32(2.0**15),
+     r"'scale_sense' must be a finite number in \[1\.0, 16384\.0\], but got 32768\.0\."),
+    (lambda: _dynamic_cell(min_loss_scale=4.0), "scale_sense", np.float32(2.0),
+     r"'scale_sense' must be a finite number in \[4\.0, "),
+    (_dynamic_cell, "loss_scale_good_steps", np.int32(2),
+     r"'loss_scale_good_steps' must be an int in \[0, 1\], but got 2\."),
+    (_fixed_cell, "scale_sense", np.float32(2048.0),
+     r"'scale_sense' must equal the fixed loss scale 1024\.0, but got 2048\.0\."),
+    (_accumulating_cell, "loss_scale_micro_step", np.int32(3),
+     r"'loss_scale_micro_step' must be an int in \[0, 2\], but got 3\."),
+]
+
+
+@pytest.mark.parametrize("make, name, value, message", FOREIGN_STATES,
+                         ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step"])
+def test_a_loaded_state_outside_the_cells_rule_is_refused_before_the_first_step(make, name, value, message):
+    cell = make()
+    parameter = next(p for p in cell.get_parameters() if p.name == name)
+    ms.load_param_into_net(cell, {name: Parameter(Tensor(value), name=name)})
+    before = snapshot(cell)
+    x, y = BATCHES[0]
+    with pytest.raises(ValueError, match=message + ".*does not belong to this train cell's configuration"):
+        cell(Tensor(x), Tensor(y))
+    assert parameter.asnumpy().item() == value.item()
+    assert all(np.array_equal(before[k], v) for k, v in snapshot(cell).items())  # nothing ran
 
 
 def test_the_update_cell_recovers_from_a_state_loaded_after_the_first_step():
