@@ -1,4 +1,6 @@
-"""Presets against independent re-implementations of each original rule (written from each library's source)."""
+"""Presets against independent re-implementations of each original rule (written from each library's source),
+and, where the library is installed (tests marked ``reference``), against the original itself: PyTorch's
+``_amp_update_scale_``, DeepSpeed's ``DynamicLossScaler`` and Megatron-core's ``DynamicGradScaler``."""
 import math
 
 import numpy as np
@@ -252,6 +254,117 @@ def test_pytorch_grad_scaler_live():
         torch._amp_update_scale_(scale, tracker, found, 2.0, 0.5, 3)  # pylint: disable=protected-access
         theirs.append(float(scale))
     assert [s.scale for s in run(get_preset("pytorch", growth_interval=3), flags)] == theirs
+
+
+def _random_flags(seed, n=400, rate=0.15):
+    return [bool(v) for v in np.random.default_rng(seed).random(n) < rate]
+
+
+# DeepSpeed DynamicLossScaler arguments (besides init_scale 2**16, min_scale 1) and overflow flags
+DEEPSPEED_CASES = [
+    (dict(window=1000, delayed_shift=2), [T, F, T, T, F, T, F, F, T, T, T] + [F] * 30 + [T, T]),
+    (dict(window=3, delayed_shift=2), [F] * 7 + [T] + [F] * 7 + [T, F, T, T] + [F] * 9),
+    (dict(window=3, delayed_shift=1), [F] * 4 + [T, T] + [F] * 8),
+    (dict(window=2, delayed_shift=3, consecutive_hysteresis=True), [T, F, T, T, F, T, T, T] + [F] * 6),
+    (dict(window=5, delayed_shift=2), _random_flags(0)),
+    (dict(window=4, delayed_shift=3, consecutive_hysteresis=True), _random_flags(1, rate=0.3)),
+    (dict(window=2, delayed_shift=1, min_scale=2.0**10), _random_flags(2, rate=0.5)),
+]
+
+
+def _deepspeed_live(config, flags):
+    """DeepSpeed's own DynamicLossScaler on ``flags``: ``(scales, index of the overflow it raised at, or None)``.
+    Its rank-0 logging needs an initialised process group; that module is given a single-rank stand-in."""
+    pytest.importorskip("torch")
+    loss_scaler = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
+    scaler = loss_scaler.DynamicLossScaler(init_scale=2.0**16, scale_window=config["window"],
+                                           min_scale=config["min_scale"], delayed_shift=config["delayed_shift"],
+                                           consecutive_hysteresis=config["consecutive_hysteresis"])
+    scales = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loss_scaler, "dist", type("SingleRank", (), {"get_rank": staticmethod(lambda: 0)}))
+        for i, overflow in enumerate(flags):
+            try:
+                scaler.update_scale(overflow)
+            except Exception as error:  # pylint: disable=broad-except  # DeepSpeed raises a bare Exception
+                assert "already at minimum" in str(error)
+                return scales, i
+            scales.append(float(scaler.loss_scale))
+    return scales, None
+
+
+def _deepspeed_reimplemented(config, flags):
+    """:func:`deepspeed_rule` in the form of :func:`_deepspeed_live`."""
+    for i in range(len(flags) + 1):
+        try:
+            deepspeed_rule(flags[:i + 1], **config)
+        except DeepSpeedMinScaleError:
+            return deepspeed_rule(flags[:i], **config), i
+    return deepspeed_rule(flags, **config), None
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("config, flags", DEEPSPEED_CASES, ids=["fp16_defaults", "window_3", "no_hysteresis",
+                                                                  "consecutive_hysteresis", "random", "random_consecutive",
+                                                                  "random_floor"])
+def test_deepspeed_rule_is_deepspeeds_own(config, flags):
+    """The re-implementation above against DeepSpeed's DynamicLossScaler itself, where deepspeed is installed:
+    the same scale after every step, and the same step where it raises at its floor."""
+    config = {"min_scale": 1.0, "consecutive_hysteresis": False, **config}
+    theirs = _deepspeed_live(config, flags)
+    assert _deepspeed_reimplemented(config, flags) == theirs
+    assert theirs[1] is None or config["min_scale"] > 1  # only the floor case reaches the floor
+
+
+# Megatron-core DynamicGradScaler arguments and overflow flags (the preset gets the same numbers)
+MEGATRON_CASES = [
+    (dict(initial_scale=2.0**32, growth_interval=1000, hysteresis=2), [T, F, T, T, F, T, F, F, T, T, T] + [F] * 20),
+    (dict(initial_scale=2.0**16, growth_interval=3, hysteresis=2), [F] * 7 + [T] + [F] * 7 + [T, F, T, T] + [F] * 9),
+    (dict(initial_scale=2.0**16, growth_interval=2, hysteresis=1, min_scale=2.0**10), [T] * 9 + [F] * 5 + [T] * 3),
+    (dict(initial_scale=2.0**20, growth_interval=5, hysteresis=3), _random_flags(3, rate=0.3)),
+    (dict(initial_scale=2.0**12, growth_interval=2, hysteresis=2, min_scale=1.0, growth_factor=4.0,
+          backoff_factor=0.25), _random_flags(4, rate=0.45)),
+]
+
+
+def _megatron_live(config, flags):
+    """Megatron-core's own DynamicGradScaler on ``flags``: its scale after every update. It puts its tensors on
+    'cuda'; a torch function mode moves them to the CPU (the arithmetic is torch's float32 either way)."""
+    torch = pytest.importorskip("torch")
+    grad_scaler = pytest.importorskip("megatron.core.optimizer.grad_scaler")
+
+    class CudaOnCpu(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = "cpu"
+            return func(*args, **kwargs)
+
+    config = {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, **config}
+    with CudaOnCpu():
+        scaler = grad_scaler.DynamicGradScaler(**config)
+        scales = []
+        for overflow in flags:
+            scaler.update(overflow)
+            scales.append(float(scaler.scale))
+    return scales
+
+
+@pytest.mark.reference
+@pytest.mark.filterwarnings("ignore::UserWarning")  # megatron: "Transformer Engine and Apex are not installed"
+@pytest.mark.parametrize("config, flags", MEGATRON_CASES, ids=["defaults", "window_3", "floor", "random_hysteresis_3",
+                                                                "random_factors"])
+def test_megatron_preset_is_megatrons_own(config, flags):
+    """The ``megatron`` preset (and the re-implementation above) against Megatron-core's DynamicGradScaler itself,
+    where megatron-core is installed: the same scale after every step."""
+    theirs = _megatron_live(config, flags)
+    numbers = {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, **config}
+    preset = get_preset("megatron", init_scale=numbers["initial_scale"], growth_interval=numbers["growth_interval"],
+                        hysteresis=numbers["hysteresis"], min_scale=numbers["min_scale"],
+                        growth_factor=numbers["growth_factor"], backoff_factor=numbers["backoff_factor"])
+    assert [state.scale for state in run(preset, flags)] == theirs
+    assert megatron_rule(flags, numbers["initial_scale"], numbers["min_scale"], numbers["growth_factor"],
+                         numbers["backoff_factor"], numbers["growth_interval"], numbers["hysteresis"]) == theirs
 
 
 def test_deepspeed_is_megatron_but_grows_one_step_later():
