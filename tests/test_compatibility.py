@@ -8,6 +8,8 @@ decisions (overflow flags, scales, counters) on those calls.
 Losses and weights are compared to 1e-6 relative, not bit for bit: CPU kernels round differently on
 different processors (0.1.0 itself, rerun on an AMD EPYC without AVX-512, differs from the committed
 data by up to 1.2e-7 in the weights, and is bit-identical to the current code there).
+
+Also: every front-end compiles and trains identically under MindSpore's ``jit_syntax_level=STRICT``.
 """
 import os
 
@@ -15,7 +17,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from nets import snapshot
+from mindspore import Tensor, nn
+
+from lossscale import DynamicLossScaleManager, GradScaler, TrainOneStepWithLossScaleCell
+from nets import GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
 from release_checkpoint import CONFIGS, SPLIT, STEPS, run_calls
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "release_0_1_0")
@@ -42,3 +47,63 @@ def test_release_checkpoint_resumes_identically(name):
     params = snapshot(step)
     for key in (k for k in expected.files if k.startswith("param:")):
         np.testing.assert_allclose(params[key[len("param:"):]], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+# ---- MindSpore's strict graph syntax ---------------------------------------------------------------------
+
+STRICT_BATCHES = reference_batches(6, injected={2, 3})
+
+
+def _train_cell_run():
+    """The train cell on the reference model: ``(skip flags, scale, weight)`` after the batches."""
+    net = reference_net()
+    cell = TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.05),
+                                         DynamicLossScaleManager(2**10, scale_window=2).get_update_cell())
+    flags = [bool(cell(Tensor(x), Tensor(y))[1].asnumpy()) for x, y in STRICT_BATCHES]
+    return flags, cell.get_loss_scale(), net.weight.asnumpy().tolist()
+
+
+def _front_end_run(front_end):
+    """``front_end`` trained on the reference model (each skip checked against the injected batches):
+    ``(skip flags, scale, weight)``."""
+    if front_end == "train_cell":
+        return _train_cell_run()
+    if front_end == "keras":
+        run = LossScaleOptimizerRun(0.05, initial_scale=2.0**10, dynamic_growth_steps=2)
+        scale = lambda: run.observed()["loss_scale"]  # noqa: E731
+    else:
+        scaler = (GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if front_end == "torch" else
+                  GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2))
+        run = GradScalerRun(scaler, clip=1.0)
+        scale = scaler.get_scale
+    flags = [run.checked_iteration(x, y, front_end) for x, y in STRICT_BATCHES]
+    return flags, scale(), run.weight().tolist()
+
+
+def _strict_mode_is_on():
+    """Whether graphs compiled now use strict syntax (where a jit function cannot call ``Tensor.asnumpy``)."""
+    @ms.jit
+    def host_read(x):
+        return Tensor(x.asnumpy())
+
+    try:
+        host_read(Tensor(np.ones(1, np.float32)))
+    except AttributeError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("front_end", ["train_cell", "torch", "paddle", "keras"])
+def test_every_front_end_trains_the_same_in_strict_syntax_mode(front_end, monkeypatch):
+    """MindSpore's strict graph syntax (no JIT Fallback; ``MS_DEV_JIT_SYNTAX_LEVEL=0``, which MindSpore 2.10
+    reads at each compile, while its ``set_context(jit_syntax_level=...)`` no longer takes effect): the train
+    cell, both GradScalers (with ``unscale_`` and clipping) and LossScaleOptimizer compile there and train
+    exactly as in the default LAX mode (skips on the injected batches, scale, weights)."""
+    runs = {}
+    for level in ("0", "2"):
+        monkeypatch.setenv("MS_DEV_JIT_SYNTAX_LEVEL", level)
+        if _strict_mode_is_on() != (level == "0"):
+            pytest.skip(f"MindSpore {ms.__version__} does not switch its syntax level within a process")
+        runs[level] = _front_end_run(front_end)
+    assert runs["0"][0] == [i in (2, 3) for i in range(len(STRICT_BATCHES))]
+    assert runs["0"] == runs["2"]
