@@ -13,12 +13,14 @@ Example:
     >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
     (True, True, False)
 """
+import dataclasses
+
 from mindspore import Parameter, Tensor
 from mindspore import load_param_into_net
 
 from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
-from lossscale.policy import LossScaleState, check_state
+from lossscale.policy import check_state
 from lossscale.scaler import positive_scale
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
@@ -61,8 +63,8 @@ def _check_rule_state(cell, scale):
     """The update cell's state and the train cell's counters within their ranges (shared checks)."""
     update_cell = cell.loss_scaling_manager
     if isinstance(update_cell, DynamicLossScaleUpdateCell):
-        state = LossScaleState(scale=scale, good_steps=_count(update_cell.good_steps),
-                               hysteresis_left=_count(update_cell.hysteresis_left))
+        # The scale this cell trains with (an update cell reads the scale of the last train cell it was bound to).
+        state = dataclasses.replace(update_cell.get_state(), scale=scale)
         check_state(update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps",
                                                       "loss_scale_hysteresis_left"))
     elif isinstance(update_cell, FixedLossScaleUpdateCell):

@@ -117,7 +117,12 @@ def megatron_rule(flags, scale=2.0**32, min_scale=1.0, growth=2.0, backoff=0.5, 
 
 
 class DeepSpeedMinScaleError(Exception):
-    """DeepSpeed's "Current loss scale already at minimum" exception."""
+    """DeepSpeed's "Current loss scale already at minimum" exception, raised at overflow ``step`` after
+    ``scales`` (the scale after each earlier step)."""
+
+    def __init__(self, step, scales):
+        super().__init__(step)
+        self.step, self.scales = step, scales
 
 
 def deepspeed_rule(flags, scale=2.0**16, window=1000, min_scale=1.0, delayed_shift=2, consecutive_hysteresis=False):
@@ -129,7 +134,7 @@ def deepspeed_rule(flags, scale=2.0**16, window=1000, min_scale=1.0, delayed_shi
         if overflow:
             if delayed_shift == 1 or cur_hysteresis == 1:
                 if scale == min_scale:
-                    raise DeepSpeedMinScaleError(cur_iter)
+                    raise DeepSpeedMinScaleError(cur_iter, out)
                 scale = max(scale / 2.0, min_scale)
             else:
                 cur_hysteresis -= 1
@@ -161,6 +166,11 @@ def mindspore_rule(flags, scale=2.0**24, factor=2.0, window=2000):
 
 
 T, F = True, False
+
+
+def _random_flags(seed, n=400, rate=0.15):
+    """``n`` overflow flags, each True with probability ``rate``."""
+    return [bool(v) for v in np.random.RandomState(seed).rand(n) < rate]
 # (preset, overrides, the original rule with the same settings, overflow pattern)
 PRESET_CASES = [
     ("pytorch", dict(growth_interval=3), lambda f: torch_rule(f, interval=3), [F, F, F, T, T, F, F, F, F, F, F]),
@@ -237,7 +247,7 @@ def test_preset_errors():
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_graph_cells_and_managers_apply_presets(name):
     policy = get_preset(name, growth_interval=3, init_scale=2.0**20)
-    flags = [bool(x) for x in np.random.RandomState(len(name)).rand(60) < 0.3]
+    flags = _random_flags(len(name), n=60, rate=0.3)
     cell = DynamicLossScaleUpdateCell.from_policy(policy)
     assert cell.policy == policy and DynamicLossScaleManager.from_policy(policy).policy == policy
     assert UpdateCellDriver(cell).run(flags) == [s.scale for s in run(policy, flags)]
@@ -254,10 +264,6 @@ def test_pytorch_grad_scaler_live():
         torch._amp_update_scale_(scale, tracker, found, 2.0, 0.5, 3)  # pylint: disable=protected-access
         theirs.append(float(scale))
     assert [s.scale for s in run(get_preset("pytorch", growth_interval=3), flags)] == theirs
-
-
-def _random_flags(seed, n=400, rate=0.15):
-    return [bool(v) for v in np.random.default_rng(seed).random(n) < rate]
 
 
 # DeepSpeed DynamicLossScaler arguments (besides init_scale 2**16, min_scale 1) and overflow flags
@@ -295,12 +301,10 @@ def _deepspeed_live(config, flags):
 
 def _deepspeed_reimplemented(config, flags):
     """:func:`deepspeed_rule` in the form of :func:`_deepspeed_live`."""
-    for i in range(len(flags) + 1):
-        try:
-            deepspeed_rule(flags[:i + 1], **config)
-        except DeepSpeedMinScaleError:
-            return deepspeed_rule(flags[:i], **config), i
-    return deepspeed_rule(flags, **config), None
+    try:
+        return deepspeed_rule(flags, **config), None
+    except DeepSpeedMinScaleError as error:
+        return error.scales, error.step
 
 
 @pytest.mark.reference
@@ -316,7 +320,8 @@ def test_deepspeed_rule_is_deepspeeds_own(config, flags):
     assert theirs[1] is None or config["min_scale"] > 1  # only the floor case reaches the floor
 
 
-# Megatron-core DynamicGradScaler arguments and overflow flags (the preset gets the same numbers)
+# Megatron-core DynamicGradScaler arguments (besides MEGATRON_DEFAULTS) and overflow flags
+MEGATRON_DEFAULTS = {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5}
 MEGATRON_CASES = [
     (dict(initial_scale=2.0**32, growth_interval=1000, hysteresis=2), [T, F, T, T, F, T, F, F, T, T, T] + [F] * 20),
     (dict(initial_scale=2.0**16, growth_interval=3, hysteresis=2), [F] * 7 + [T] + [F] * 7 + [T, F, T, T] + [F] * 9),
@@ -328,8 +333,8 @@ MEGATRON_CASES = [
 
 
 def _megatron_live(config, flags):
-    """Megatron-core's own DynamicGradScaler on ``flags``: its scale after every update. It puts its tensors on
-    'cuda'; a torch function mode moves them to the CPU (the arithmetic is torch's float32 either way)."""
+    """Megatron-core's own ``DynamicGradScaler(**config)`` on ``flags``: its scale after every update. It puts its
+    tensors on 'cuda'; a torch function mode moves them to the CPU (the arithmetic is torch's float32 either way)."""
     torch = pytest.importorskip("torch")
     grad_scaler = pytest.importorskip("megatron.core.optimizer.grad_scaler")
 
@@ -340,7 +345,6 @@ def _megatron_live(config, flags):
                 kwargs["device"] = "cpu"
             return func(*args, **kwargs)
 
-    config = {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, **config}
     with CudaOnCpu():
         scaler = grad_scaler.DynamicGradScaler(**config)
         scales = []
@@ -357,14 +361,13 @@ def _megatron_live(config, flags):
 def test_megatron_preset_is_megatrons_own(config, flags):
     """The ``megatron`` preset (and the re-implementation above) against Megatron-core's DynamicGradScaler itself,
     where megatron-core is installed: the same scale after every step."""
+    config = {**MEGATRON_DEFAULTS, **config}
     theirs = _megatron_live(config, flags)
-    numbers = {"min_scale": 1.0, "growth_factor": 2.0, "backoff_factor": 0.5, **config}
-    preset = get_preset("megatron", init_scale=numbers["initial_scale"], growth_interval=numbers["growth_interval"],
-                        hysteresis=numbers["hysteresis"], min_scale=numbers["min_scale"],
-                        growth_factor=numbers["growth_factor"], backoff_factor=numbers["backoff_factor"])
+    preset = get_preset("megatron", **{"init_scale" if name == "initial_scale" else name: value
+                                       for name, value in config.items()})
     assert [state.scale for state in run(preset, flags)] == theirs
-    assert megatron_rule(flags, numbers["initial_scale"], numbers["min_scale"], numbers["growth_factor"],
-                         numbers["backoff_factor"], numbers["growth_interval"], numbers["hysteresis"]) == theirs
+    assert megatron_rule(flags, config["initial_scale"], config["min_scale"], config["growth_factor"],
+                         config["backoff_factor"], config["growth_interval"], config["hysteresis"]) == theirs
 
 
 def test_deepspeed_is_megatron_but_grows_one_step_later():
