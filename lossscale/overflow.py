@@ -253,10 +253,14 @@ _unscale = ops.MultitypeFuncGraph("_unscale")
 
 @_unscale.register("Tensor", "Tensor")
 def _tensor_unscale(inv_scale, grad):
-    """``grad * (1/scale)`` computed in float32 and cast back: exact for float16 at any scale."""
-    if ops.dtype(grad) == mstype.float32:
+    """``grad * (1/scale)`` computed in float32 (float64 for a float64 gradient) and cast back: exact for
+    float16 at any scale; a float64 gradient keeps its precision and range (as PyTorch's unscale)."""
+    dtype = ops.dtype(grad)
+    if dtype == mstype.float32:
         return grad * inv_scale
-    return ops.cast(ops.cast(grad, mstype.float32) * inv_scale, ops.dtype(grad))
+    if dtype == mstype.float64:
+        return grad * ops.cast(inv_scale, mstype.float64)
+    return ops.cast(ops.cast(grad, mstype.float32) * inv_scale, dtype)
 
 
 @_unscale.register("Tensor", "RowTensor")

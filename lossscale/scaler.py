@@ -7,7 +7,7 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
 
     scaled = core.scale(outputs)          # each loss promoted to >= float32, times S
     sens = core.sens(loss)                # S in the loss dtype: the sens (backward input) of loss * S
-    grads = core.unscale(grads)           # g * (1/S) in float32, cast back to g's dtype
+    grads = core.unscale(grads)           # g * (1/S) in float32 (float64 for float64 g), in g's dtype
     status, x = core.start(pre_cond, x)   # the check's pre-backward step (Ascend: clear the register)
     flag = core.flag(status, grads)       # float32, 0 when this rank's gradients are finite
     flag = flag + core.loss_flag(loss)    # a non-finite loss is an overflow too (0 or nan)
@@ -242,7 +242,8 @@ class LossScaler(nn.Cell):
         return ops.cast(ops.broadcast_to(scale.reshape(()), ops.shape(loss)), ops.dtype(loss))
 
     def unscale(self, grads, scale=None):
-        """``grads * (1/S)`` computed in float32 and cast back (exact for float16 at any S)."""
+        """``grads * (1/S)`` computed in float32 and cast back (exact for float16 at any S); a float64 gradient
+        is multiplied in float64, keeping its precision and range."""
         scale = self.scale_value if scale is None else scale
         inv_scale = self._one / ops.cast(scale.reshape(()), mstype.float32)
         return _overflow.unscale_gradients(self.hyper_map, inv_scale, grads)

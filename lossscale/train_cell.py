@@ -4,7 +4,7 @@ Per call (one training step, no host sync inside the graph)::
 
     loss  = network(*inputs)
     grads = d(loss * S)/d(weights)                      # backward started with S in the loss dtype
-    grads = grads * (1 / S)                             # in float32, cast back to each grad's dtype
+    grads = grads * (1 / S)                             # in float32 (float64 for float64), in each grad's dtype
     grads = grad_reducer(grads)                         # all-reduce under data parallel
     flag  = the backend's check of grads                # lossscale.overflow; with clipping: the global norm
           + non-finite loss                             # is not finite (see lossscale.clipping)
