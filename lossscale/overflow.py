@@ -194,12 +194,30 @@ def _probe(grad):
 
 
 def _weighted(grad):
-    """``sum(grad * 2**-64)`` as a float32 scalar (a float32 GEMV row for a large float32 gradient)."""
+    """``sum(grad * 2**-64)`` as a float32 scalar (a float32 GEMV row for a large float32 gradient).
+
+    A float64 gradient is summed in float64 and the sum ``s`` compressed into float32's range
+    (:func:`_compressed`): a plain cast would turn a finite sum beyond float32's range into inf,
+    and exact_float32 would give 0."""
     if is_empty(grad):
         return _ZERO
-    if ops.dtype(grad) == mstype.float32 and grad.size >= GEMV_PROBE_MIN_SIZE:
+    dtype = ops.dtype(grad)
+    if dtype == mstype.float32 and grad.size >= GEMV_PROBE_MIN_SIZE:
         return ops.reduce_sum(_gemv_row(_FINGERPRINT, grad))
+    if dtype == mstype.float64:
+        return _compressed(ops.reduce_sum(grad.reshape(-1) * ops.cast(_FINGERPRINT, mstype.float64)))
     return ops.reduce_sum(exact_float32(grad.reshape(-1)) * _FINGERPRINT)
+
+
+def _compressed(total):
+    """A float64 scalar as float32: itself where ``|total| <= 1``, else ``sign * (1 + log|total|)``.
+
+    Monotonic, finite exactly when ``total`` is (nan stays nan), and ``S * total`` still differs
+    from ``total``. Not ``log1p``: MindSpore's CPU kernel computes ``log(1 + x)``, 0 for tiny x."""
+    magnitude, one = ops.abs(total), ops.ones_like(total)
+    large = magnitude > one
+    logarithm = ops.sign(total) * (ops.log(ops.select(large, magnitude, one)) + one)
+    return ops.cast(ops.select(large, logarithm, total), mstype.float32)
 
 
 _nonfinite_probe = ops.MultitypeFuncGraph("_nonfinite_probe")
@@ -306,7 +324,8 @@ def any_nonfinite(hyper_map, grads):
 
 
 def fingerprint(hyper_map, grads):
-    """A float32 scalar that depends on the gradients' values: ``sum(g * 2**-64)`` over all of them.
+    """A float32 scalar that depends on the gradients' values: ``sum(g * 2**-64)`` over all of them
+    (each float64 gradient's sum compressed into float32's range).
 
     Finite iff every gradient is finite (finite values times 2**-64 cannot overflow when
     summed). Deterministic for the same values, so two calls on the same gradients give

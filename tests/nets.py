@@ -117,6 +117,33 @@ class GradCapture(nn.Optimizer):
         return self.hyper_map(ops.assign, self.captured, grads)
 
 
+class PlainSGD(nn.Optimizer):
+    """``w -= lr * g`` with no optimizer state (MindSpore's own optimizers cannot clone a zero-size
+    Parameter, nor update float64 ones)."""
+
+    def construct(self, grads):
+        return self.hyper_map(ops.partial(_sgd_update, self.get_lr()), self._parameters, grads)
+
+
+_sgd_update = ops.MultitypeFuncGraph("_sgd_update")
+
+
+@_sgd_update.register("Tensor", "Tensor", "Tensor")
+def _tensor_sgd_update(lr, weight, grad):
+    return ops.assign(weight, weight - lr * grad)
+
+
+class Float64Regression(nn.Cell):
+    """A float64 linear regression (float64 weights, inputs and gradients)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.random.RandomState(3).randn(6, 3)), name="w")
+
+    def construct(self, x, y):
+        return ((ops.matmul(x, self.w) - y) ** 2).mean()
+
+
 # ---- the reference tests (tests/test_reference_*.py): one model and data in every framework ------------------
 
 def reference_batches(count, injected, seed=3):

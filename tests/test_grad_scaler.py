@@ -19,7 +19,8 @@ from backend_standins import SaturatingNet, StatusRegister
 from lossscale import GradScaler, LossScaleOptimizer, TorchGradScaler, TrainOneStepWithLossScaleCell, get_preset
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
-from nets import GradCapture, own_names, regression_batches, regression_net, training_state, with_inf
+from nets import (Float64Regression, GradCapture, PlainSGD, own_names, regression_batches, regression_net,
+                  training_state, with_inf)
 
 T, F = True, False
 SKIP_ITER = 2
@@ -614,6 +615,21 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     applied = not all(np.array_equal(before[k], v) for k, v in training_state(net).items())
     assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
     assert scaler.get_scale() == 1024.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
+    """Their fingerprint was 0, so the refusal never fired and S-times gradients were applied."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = Float64Regression()
+    opt = PlainSGD(0.05, net.trainable_params())
+    function, pattern = _misuse_cases(scaler, opt, _grad_fn(scaler, net, opt))["dropped_returned_gradients"]
+    function = ms.jit(function) if compiled else function
+    rng = np.random.RandomState(0)
+    before = training_state(net)
+    with pytest.raises(RuntimeError, match=pattern):
+        _read(function(Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
 
 
 def test_correct_use_right_after_a_refused_one():

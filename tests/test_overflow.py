@@ -9,7 +9,8 @@ from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNe
                               status_input)
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell, choose_overflow_check
 from lossscale.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
-                                ascend_saturation_only, make_overflow_check, nonfinite_indicator)
+                                ascend_saturation_only, fingerprint, make_overflow_check,
+                                nonfinite_indicator)
 from lossscale.policy import run
 from nets import regression_batches, regression_net, training_state
 
@@ -95,6 +96,42 @@ def test_indicator_finds_every_position(indicator, dtype, shape):
             broken[position] = bad
             value = indicator(mutable((Tensor(other), Tensor(broken.reshape(shape))))).asnumpy()
             assert not np.isfinite(float(value)), (bad, position)
+
+
+class _Fingerprint(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, grads):
+        return fingerprint(self.hyper_map, grads)
+
+
+@pytest.fixture(scope="module")
+def fingerprint_of():
+    cell = _Fingerprint()
+    return lambda *arrays: float(cell(mutable(tuple(Tensor(a) for a in arrays))).asnumpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1024, 784), (6, 1, 5, 5), (7,)])
+def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_values_are(fingerprint_of, dtype,
+                                                                                         shape):
+    """What GradScaler.step() relies on to refuse the scaled gradients unscale_() was given. A float64 gradient
+    gave 0 (so the refusal never fired and S-times gradients were applied), and its sum beyond float32's range
+    would have been inf."""
+    rng = np.random.RandomState(len(shape))
+    values = rng.randn(*shape).astype(dtype)
+    other = np.ones((3, 2), dtype)
+    plain = fingerprint_of(values, other)
+    assert np.isfinite(plain) and plain != 0.0 and fingerprint_of(values, other) == plain
+    assert fingerprint_of((values * 1024).astype(dtype), other * 1024) != plain
+    largest = (np.finfo(dtype).max * np.sign(values + 0.1)).astype(dtype)  # huge finite sums stay finite
+    assert np.isfinite(fingerprint_of(largest, np.full((3, 2), np.finfo(dtype).max, dtype)))
+    for bad in (np.inf, -np.inf, np.nan):
+        broken = values.copy()
+        broken.reshape(-1)[values.size // 2] = bad
+        assert not np.isfinite(fingerprint_of(other, broken)), bad
 
 
 @pytest.mark.parametrize("check, op", [

@@ -11,7 +11,8 @@ from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLoss
                        LossScaleOptimizer, Model, PersistentOverflowError, TrainOneStepWithLossScaleCell,
                        build_train_network)
 from lossscale.checkpoints import restore_loss_scale
-from nets import regression_batches, regression_net, snapshot, train_calls, training_state
+from nets import (Float64Regression, PlainSGD, regression_batches, regression_net, snapshot, train_calls,
+                  training_state)
 
 BATCHES = regression_batches(8, seed=11)
 
@@ -265,21 +266,6 @@ class ZeroSizeParameter(nn.Cell):
         return self.loss(logits, y)
 
 
-class PlainSGD(nn.Optimizer):
-    """``w -= lr * g`` with no optimizer state (MindSpore's own optimizers cannot clone a zero-size Parameter)."""
-
-    def construct(self, grads):
-        return self.hyper_map(ops.partial(_sgd_update, self.get_lr()), self._parameters, grads)
-
-
-_sgd_update = ops.MultitypeFuncGraph("_sgd_update")
-
-
-@_sgd_update.register("Tensor", "Tensor", "Tensor")
-def _tensor_sgd_update(lr, weight, grad):
-    return ops.assign(weight, weight - lr * grad)
-
-
 @pytest.mark.parametrize("clip", [None, 10.0], ids=["check", "clipping_norm"])
 def test_a_zero_size_parameter_does_not_fake_overflows(clip):
     """MindSpore's CPU ReduceSum of an empty tensor returns uninitialised memory: clean steps were flagged and
@@ -312,17 +298,6 @@ def test_a_bfloat16_loss_trains_like_mindsporess_plain_cell():
         assert not bool(cell(Tensor(x), Tensor(y))[1].asnumpy())
         plain(Tensor(x), Tensor(y))
     _same_weights(ours, theirs)
-
-
-class Float64Regression(nn.Cell):
-    """A float64 linear regression (float64 weights, inputs and gradients)."""
-
-    def __init__(self):
-        super().__init__()
-        self.w = Parameter(Tensor(np.random.RandomState(3).randn(6, 3)), name="w")
-
-    def construct(self, x, y):
-        return ((ops.matmul(x, self.w) - y) ** 2).mean()
 
 
 def _float64_steps(front_end, net, learning_rate):
