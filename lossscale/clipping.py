@@ -17,7 +17,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
-from lossscale.overflow import is_empty
+from lossscale.overflow import is_empty, multiply_gradients
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
@@ -28,14 +28,6 @@ def _tensor_square_sum(grad):
         return Tensor(0.0, mstype.float32)
     grad = ops.cast(grad, mstype.float32)
     return ops.reduce_sum(grad * grad)
-
-
-_clip = ops.MultitypeFuncGraph("_clip")
-
-
-@_clip.register("Tensor", "Tensor")
-def _tensor_clip(factor, grad):
-    return ops.cast(ops.cast(grad, mstype.float32) * factor, ops.dtype(grad))
 
 
 def global_norm(hyper_map, grads):
@@ -66,4 +58,4 @@ class GlobalNormClip(nn.Cell):
         norm = self.norm(grads)
         flag = ops.select(ops.isfinite(norm), self._zero, self._one)
         factor = self._clip / ops.maximum(norm, self._clip)  # as ops.clip_by_global_norm
-        return self.hyper_map(ops.partial(_clip, factor), grads), flag, norm
+        return multiply_gradients(self.hyper_map, factor, grads), flag, norm

@@ -266,34 +266,40 @@ def _row_tensor_dense_values(grad):
     return grad.values
 
 
-_unscale = ops.MultitypeFuncGraph("_unscale")
+_multiply = ops.MultitypeFuncGraph("_multiply")
 
 
-@_unscale.register("Tensor", "Tensor")
-def _tensor_unscale(inv_scale, grad):
-    """``grad * (1/scale)`` computed in float32 (float64 for a float64 gradient) and cast back: exact for
-    float16 at any scale; a float64 gradient keeps its precision and range (as PyTorch's unscale)."""
+@_multiply.register("Tensor", "Tensor")
+def _tensor_multiply(factor, grad):
+    """``grad * factor`` computed in float32 (float64 for a float64 gradient) and cast back: exact for
+    float16 at any power-of-two factor; a float64 gradient keeps its precision and range (as PyTorch's)."""
     dtype = ops.dtype(grad)
     if dtype == mstype.float32:
-        return grad * inv_scale
+        return grad * factor
     if dtype == mstype.float64:
-        return grad * ops.cast(inv_scale, mstype.float64)
-    return ops.cast(ops.cast(grad, mstype.float32) * inv_scale, dtype)
+        return grad * ops.cast(factor, mstype.float64)
+    return ops.cast(ops.cast(grad, mstype.float32) * factor, dtype)
 
 
-@_unscale.register("Tensor", "RowTensor")
-def _row_tensor_unscale(inv_scale, grad):
-    return RowTensorInner(grad.indices, _tensor_unscale(inv_scale, grad.values), grad.dense_shape)
+@_multiply.register("Tensor", "RowTensor")
+def _row_tensor_multiply(factor, grad):
+    return RowTensorInner(grad.indices, _tensor_multiply(factor, grad.values), grad.dense_shape)
 
 
-@_unscale.register("Tensor", "None")
-def _none_unscale(inv_scale, grad):
+@_multiply.register("Tensor", "None")
+def _none_multiply(factor, grad):
     return grad
 
 
+def multiply_gradients(hyper_map, factor, grads):
+    """Every gradient times the float32 scalar ``factor`` (graph mode): ``1/S`` to unscale, the clipping
+    factor to clip. None entries pass through."""
+    return hyper_map(ops.partial(_multiply, factor), grads)
+
+
 def unscale_gradients(hyper_map, inv_scale, grads):
-    """Multiply every gradient by the float32 ``inv_scale`` (graph mode); None entries pass through."""
-    return hyper_map(ops.partial(_unscale, inv_scale), grads)
+    """Every gradient times ``inv_scale`` (``1/S``, float32): :func:`multiply_gradients` for unscaling."""
+    return multiply_gradients(hyper_map, inv_scale, grads)
 
 
 def _total(scalars):

@@ -164,7 +164,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     debug_overflow = property(lambda self: self.forensics is not None, doc="Whether forensics are on.")
     overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
                                 doc="Forensics reports of overflowing steps (debug_overflow=True).")
-    accumulators = property(lambda self: self.accumulation.accumulators, doc="The float32 accumulators.")
+    accumulators = property(lambda self: self.accumulation.accumulators,
+                            doc="The float32 accumulators (float64 for float64 weights).")
     steps = property(lambda self: self.counters.steps, doc="Counter Parameter: optimizer steps (windows).")
     skipped_steps = property(lambda self: self.counters.skipped_steps, doc="Counter Parameter: skipped steps.")
     consecutive_overflows = property(lambda self: self.counters.consecutive_overflows,

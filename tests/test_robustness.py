@@ -348,6 +348,37 @@ def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
     _same_weights(ours, theirs)
 
 
+def test_float64_gradients_keep_their_precision_through_clipping():
+    """Clipping multiplied through float32 (even by a factor of 1): weights 8e-9 off the control."""
+    rng = np.random.RandomState(5)
+    ours, theirs = Float64Regression(), Float64Regression()
+    step = TrainOneStepWithLossScaleCell(ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)),
+                                         clip_global_norm=1e30)
+    control = nn.TrainOneStepCell(theirs, PlainSGD(1e-3, theirs.trainable_params()))
+    for _ in range(3):
+        x, y = Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))
+        assert not bool(step(x, y)[1].asnumpy())
+        control(x, y)
+    _same_weights(ours, theirs)
+
+
+def test_float64_gradients_keep_their_precision_through_accumulation():
+    """float32 accumulators rounded float64 gradients (weights 1e-8 off). The control trains on both
+    micro-batches at once: the same mean gradient up to float64 rounding."""
+    rng = np.random.RandomState(5)
+    ours, theirs = Float64Regression(), Float64Regression()
+    step = TrainOneStepWithLossScaleCell(ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)),
+                                         accumulation_steps=2)
+    control = nn.TrainOneStepCell(theirs, PlainSGD(1e-3, theirs.trainable_params()))
+    assert step.accumulation.accumulators[0].dtype == mstype.float64
+    for _ in range(3):
+        x, y = rng.randn(8, 6), rng.randn(8, 3)
+        for half in (slice(0, 4), slice(4, 8)):
+            step(Tensor(x[half]), Tensor(y[half]))
+        control(Tensor(x), Tensor(y))
+    np.testing.assert_allclose(ours.w.asnumpy(), theirs.w.asnumpy(), rtol=1e-13, atol=0)
+
+
 def test_raise_policy_reads_the_scale_after_a_resume(tmp_path):
     """The host copy of the scale was taken at construction: a cell built at its minimum scale that resumed at
     2**15 raised PersistentOverflowError on its first overflow, naming the wrong scale."""
