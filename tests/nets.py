@@ -164,10 +164,11 @@ def reference_weight():
 
 
 class ReferenceRun:
-    """The bias-free Dense of :func:`reference_weight` trained with MSE in one ``mindspore.jit`` step:
-    ``apply(grads)`` on the gradients of ``scale_loss(loss)`` with respect to ``parameters``."""
+    """The bias-free Dense of :func:`reference_weight` trained with MSE in one ``mindspore.jit`` step (called
+    eagerly with ``compiled=False``): ``apply(grads)`` on the gradients of ``scale_loss(loss)`` with respect
+    to ``parameters``."""
 
-    def __init__(self, net, scale_loss, parameters, apply):
+    def __init__(self, net, scale_loss, parameters, apply, compiled=True):
         self.net = net
         loss_net = nn.WithLossCell(net, nn.MSELoss())
 
@@ -176,12 +177,11 @@ class ReferenceRun:
 
         grad_fn = ms.value_and_grad(forward, None, parameters)
 
-        @ms.jit
         def train_step(x, y):
             _, grads = grad_fn(x, y)
             return apply(grads)
 
-        self.train_step = train_step
+        self.train_step = ms.jit(train_step) if compiled else train_step
 
     def iteration(self, x, y):
         """One step on numpy ``x, y``; True if it was skipped."""
@@ -209,7 +209,7 @@ class GradScalerRun(ReferenceRun):
     """``scaler`` (a lossscale GradScaler) with SGD: ``unscale_`` and global-norm clipping to ``clip`` if given,
     then ``step`` + ``update``, or ``minimize``."""
 
-    def __init__(self, scaler, clip=None, minimize=False, lr=0.05):
+    def __init__(self, scaler, clip=None, minimize=False, lr=0.05, compiled=True):
         net = reference_net()
         self.optimizer = optimizer = nn.SGD(net.trainable_params(), learning_rate=lr)
         self.scaler = scaler
@@ -223,21 +223,21 @@ class GradScalerRun(ReferenceRun):
             scaler.update()
             return skipped
 
-        super().__init__(net, scaler.scale, optimizer.parameters, apply)
+        super().__init__(net, scaler.scale, optimizer.parameters, apply, compiled)
 
 
 class LossScaleOptimizerRun(ReferenceRun):
     """A lossscale ``LossScaleOptimizer(SGD(lr), **kwargs)``, the tf.keras way: ``get_scaled_loss``,
     ``get_unscaled_gradients``, ``apply_gradients``."""
 
-    def __init__(self, lr, **kwargs):
+    def __init__(self, lr, compiled=True, **kwargs):
         net = reference_net()
         self.optimizer = optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), learning_rate=lr), **kwargs)
 
         def apply(grads):
             return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
 
-        super().__init__(net, optimizer.get_scaled_loss, optimizer.parameters, apply)
+        super().__init__(net, optimizer.get_scaled_loss, optimizer.parameters, apply, compiled)
 
     def observed(self):
         opt = self.optimizer

@@ -9,7 +9,8 @@ Losses and weights are compared to 1e-6 relative, not bit for bit: CPU kernels r
 different processors (0.1.0 itself, rerun on an AMD EPYC without AVX-512, differs from the committed
 data by up to 1.2e-7 in the weights, and is bit-identical to the current code there).
 
-Also: every front-end compiles and trains identically under MindSpore's ``jit_syntax_level=STRICT``.
+Also: every front-end compiles and trains identically under MindSpore's ``jit_syntax_level=STRICT``, and
+trains eagerly in PyNative mode as compiled.
 """
 import os
 
@@ -63,18 +64,18 @@ def _train_cell_run():
     return flags, cell.get_loss_scale(), net.weight.asnumpy().tolist()
 
 
-def _front_end_run(front_end):
-    """``front_end`` trained on the reference model (each skip checked against the injected batches):
-    ``(skip flags, scale, weight)``."""
+def _front_end_run(front_end, compiled=True):
+    """``front_end`` trained on the reference model (each skip checked against the injected batches), each
+    step under ``mindspore.jit`` or called eagerly: ``(skip flags, scale, weight)``."""
     if front_end == "train_cell":
         return _train_cell_run()
     if front_end == "keras":
-        run = LossScaleOptimizerRun(0.05, initial_scale=2.0**10, dynamic_growth_steps=2)
+        run = LossScaleOptimizerRun(0.05, compiled, initial_scale=2.0**10, dynamic_growth_steps=2)
         scale = lambda: run.observed()["loss_scale"]  # noqa: E731
     else:
         scaler = (GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if front_end == "torch" else
                   GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2))
-        run = GradScalerRun(scaler, clip=1.0)
+        run = GradScalerRun(scaler, clip=1.0, compiled=compiled)
         scale = scaler.get_scale
     flags = [run.checked_iteration(x, y, front_end) for x, y in STRICT_BATCHES]
     return flags, scale(), run.weight().tolist()
@@ -107,3 +108,18 @@ def test_every_front_end_trains_the_same_in_strict_syntax_mode(front_end, monkey
         runs[level] = _front_end_run(front_end)
     assert runs["0"][0] == [i in (2, 3) for i in range(len(STRICT_BATCHES))]
     assert runs["0"] == runs["2"]
+
+
+@pytest.mark.parametrize("front_end", ["torch", "paddle", "keras"])
+def test_every_front_end_called_eagerly_in_pynative_mode_trains_as_compiled(front_end):
+    """PyNative is MindSpore's default mode (every other test runs in graph mode, see conftest.py): there the
+    front-ends' Cells (the update cell, the state table) run op by op. The same skips, scale and weights as
+    the compiled step (the train cell's own PyNative test is in test_train_cell.py)."""
+    compiled = _front_end_run(front_end)
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        eager = _front_end_run(front_end, compiled=False)
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    assert compiled[0] == [i in (2, 3) for i in range(len(STRICT_BATCHES))]
+    assert eager == compiled
