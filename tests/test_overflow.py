@@ -47,18 +47,21 @@ def test_default_check_on_this_cpu_machine():
     assert step.overflow_check == "isfinite"
 
 
-class _Indicator(nn.Cell):
-    def __init__(self):
+class _OverGradients(nn.Cell):
+    """A graph helper of lossscale.overflow, ``helper(hyper_map, grads)``, compiled."""
+
+    def __init__(self, helper):
         super().__init__()
+        self.helper = helper
         self.hyper_map = ops.HyperMap()
 
     def construct(self, grads):
-        return nonfinite_indicator(self.hyper_map, grads)
+        return self.helper(self.hyper_map, grads)
 
 
 @pytest.fixture(scope="module")
 def indicator():
-    return _Indicator()
+    return _OverGradients(nonfinite_indicator)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
@@ -98,18 +101,9 @@ def test_indicator_finds_every_position(indicator, dtype, shape):
             assert not np.isfinite(float(value)), (bad, position)
 
 
-class _Fingerprint(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.hyper_map = ops.HyperMap()
-
-    def construct(self, grads):
-        return fingerprint(self.hyper_map, grads)
-
-
 @pytest.fixture(scope="module")
 def fingerprint_of():
-    cell = _Fingerprint()
+    cell = _OverGradients(fingerprint)
     return lambda *arrays: float(cell(mutable(tuple(Tensor(a) for a in arrays))).asnumpy())
 
 
