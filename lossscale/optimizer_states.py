@@ -25,6 +25,8 @@ Example:
     >>> states.slot(None, 1234), states.slot(0, None), states.slot(None, 1234), states.slot("disc", None)
     (0, 1, 0, 2)
 """
+import itertools
+import weakref
 import zlib
 
 import numpy as np
@@ -38,7 +40,8 @@ STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
 # rows of the iteration table
 STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, LOSS_NONFINITE = range(5)
 DEFAULT_CAPACITY = 16
-_REGISTRIES = {}  # OptimizerStates name -> {key: slot}
+_REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
+_INSTANCES = itertools.count()
 # Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
 _reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
 
@@ -104,7 +107,10 @@ class OptimizerStates(nn.Cell):
 
     def __init__(self, name, capacity=DEFAULT_CAPACITY):
         super().__init__(auto_prefix=False)
-        self.registry = name
+        # Per instance, not per name: a later scaler that reuses a freed name starts with no keys.
+        self.registry = f"{name}#{next(_INSTANCES)}"
+        _REGISTRIES[self.registry] = {}
+        weakref.finalize(self, _REGISTRIES.pop, self.registry, None)
         self.capacity = capacity
         self.hyper_map = ops.HyperMap()
         self.table = Parameter(Tensor(np.zeros((5, capacity), np.float32)), name=f"{name}.iteration",

@@ -17,6 +17,7 @@ from mindspore import Tensor, nn, ops
 
 from backend_standins import SaturatingNet, StatusRegister
 from lossscale import GradScaler, LossScaleOptimizer, TorchGradScaler, TrainOneStepWithLossScaleCell, get_preset
+from lossscale.optimizer_states import DEFAULT_CAPACITY
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
 from nets import (Float64Regression, GradCapture, PlainSGD, own_names, regression_batches, regression_net,
@@ -997,6 +998,26 @@ def test_keys_must_be_constants_of_simple_types():
         scaler.unscale_(grads, key=1.5)
     with pytest.raises(TypeError, match="'key'"):
         scaler.unscale_(grads, key=True)
+
+
+def test_one_scaler_serves_at_most_its_capacity_of_optimizer_keys():
+    scaler = GradScaler("cuda")
+    grads = (Tensor(np.ones(2, np.float32)),)
+    for key in range(DEFAULT_CAPACITY):
+        scaler.unscale_(grads, key=key)
+    with pytest.raises(ValueError, match=f"more than {DEFAULT_CAPACITY} optimizer keys in one GradScaler"):
+        scaler.unscale_(grads, key="one too many")
+
+
+def test_a_new_scaler_with_a_freed_name_starts_with_no_optimizer_keys():
+    """Keys were registered per scaler name: a sweep building a fresh scaler per model size in one process (each
+    reusing the freed name) failed with 'more than 16 optimizer keys' at the 17th size."""
+    for width in range(1, DEFAULT_CAPACITY + 3):
+        scaler = GradScaler("cuda", name="sweep")
+        (grad,) = scaler.unscale_((Tensor(np.ones(width, np.float32)),))
+        assert grad.asnumpy().tolist() == [2.0**-16] * width
+        del scaler
+        gc.collect()
 
 
 def test_grad_capture_sees_unscaled_gradients():
