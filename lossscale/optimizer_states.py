@@ -34,6 +34,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
+from lossscale._naming import check_name
+from lossscale._validation import check_int_in_range
+
 READY, UNSCALED, STEPPED = 0, 1, 2
 # step() refusal codes (0: none)
 STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
@@ -102,11 +105,13 @@ class OptimizerStates(nn.Cell):
 
     Args:
         name (str): Parameter name prefix (unique per scaler).
-        capacity (int): the most optimizer slots (keys) one scaler serves.
+        capacity (int): the most optimizer slots (keys) one scaler serves, >= 1.
     """
 
     def __init__(self, name, capacity=DEFAULT_CAPACITY):
         super().__init__(auto_prefix=False)
+        check_name(name)
+        capacity = check_int_in_range("capacity", capacity, low=1)
         # Per instance, not per name: a later scaler that reuses a freed name starts with no keys.
         self.registry = f"{name}#{next(_INSTANCES)}"
         _REGISTRIES[self.registry] = {}

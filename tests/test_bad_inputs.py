@@ -13,6 +13,7 @@ from mindspore import Tensor, nn
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
                        LossScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
+from lossscale.optimizer_states import OptimizerStates
 from nets import regression_net
 
 NAN, INF = float("nan"), float("inf")
@@ -162,7 +163,7 @@ def test_build_train_network_without_a_network_or_optimizer():
 # ---- the core and the front-ends -------------------------------------------------------------------------
 
 CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np.float32)), nn.Dense(2, 1)],
-        "name": ["", "a b", 3], "overflow_check": BAD_CHOICE[1:], "mutable_rule": BAD_FLAGS}
+        "name": ["", "a b", 3], "overflow_check": BAD_CHOICE[1:], "mutable_rule": BAD_FLAGS, "frozen": BAD_FLAGS}
 
 
 @pytest.mark.parametrize("name, value", _sweep(CORE), ids=_ids(_sweep(CORE)))
@@ -176,6 +177,15 @@ def test_loss_scaler(name, value):
     assert any(word in message for word in expected), message
     if shown and name == "rule" and isinstance(value, float):
         assert f"{value!r}" in message or str(value) in message
+
+
+OPTIMIZER_STATES = {"name": ["", "a b", 3, None], "capacity": BAD_COUNTS}
+
+
+@pytest.mark.parametrize("name, value", _sweep(OPTIMIZER_STATES), ids=_ids(_sweep(OPTIMIZER_STATES)))
+def test_optimizer_states(name, value):
+    arguments = {"name": "states", name: value}
+    _refused(lambda: OptimizerStates(**arguments), name, value, shown=name == "capacity")
 
 
 GRAD_SCALER = {"enable": BAD_FLAGS, "init_loss_scaling": BAD_SCALES, "incr_ratio": BAD_GROWTH,
