@@ -11,6 +11,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 FP16_MAX = 65504.0
+FP16_OVERFLOW = 65520.0  # the smallest value that rounds to inf in float16
 FP16_MIN_NORMAL = 2.0**-14
 FP16_MIN_SUBNORMAL = 2.0**-24
 
@@ -64,33 +65,41 @@ def lost_fraction(reference, candidate):
 
 
 def magnitude_report(grads, scale):
-    """Where ``|g| * scale`` falls in float16 for the nonzero elements of ``grads`` (fp32 reference values).
+    """Where ``|g| * scale`` lands in float16 for the nonzero elements of ``grads`` (fp32 reference values).
 
-    Returns a dict with the fractions ``flushed`` (rounds to 0: below half the
-    smallest subnormal), ``subnormal`` (kept with reduced precision), ``normal``,
-    ``overflow`` (above 65504), and ``largest_safe_scale``: the largest power of
-    two for which the largest gradient stays finite in float16.
+    Each value is rounded to float16 as a cast does (to nearest, ties to even). Returns a dict
+    with the fractions that round to 0 (``flushed``: at most half the smallest subnormal), to a
+    subnormal (``subnormal``: reduced precision), to a normal number (``normal``) and to inf
+    (``overflow``: 65520 and above; 65504 is the largest finite value), and
+    ``largest_safe_scale``: the largest power of two at which the largest gradient stays finite.
 
     Example:
         >>> r = magnitude_report([np.array([2.0**-30, 1.0])], scale=1.0)
         >>> r["flushed"], r["normal"], r["largest_safe_scale"]
         (0.5, 0.5, 32768.0)
     """
-    values = np.abs(np.concatenate([np.ravel(g) for g in grads]))
+    values = np.abs(np.concatenate([np.ravel(g) for g in grads]).astype(np.float64))
     values = values[values > 0]
     if not values.size:
         return {"flushed": 0.0, "subnormal": 0.0, "normal": 0.0, "overflow": 0.0, "largest_safe_scale": None,
                 "count": 0}
-    scaled = values * scale
-    flushed = scaled < FP16_MIN_SUBNORMAL / 2
-    subnormal = (scaled >= FP16_MIN_SUBNORMAL / 2) & (scaled < FP16_MIN_NORMAL)
-    overflow = scaled > FP16_MAX
-    exponent = math.floor(math.log2(FP16_MAX / values.max()))
+    with np.errstate(over="ignore"):
+        rounded = (values * scale).astype(np.float16)
+    flushed, overflow = rounded == 0, np.isinf(rounded)
+    subnormal = (rounded > 0) & (rounded < FP16_MIN_NORMAL)
     return {
         "flushed": float(flushed.mean()),
         "subnormal": float(subnormal.mean()),
         "normal": float((~flushed & ~subnormal & ~overflow).mean()),
         "overflow": float(overflow.mean()),
-        "largest_safe_scale": 2.0**exponent,
+        "largest_safe_scale": _largest_finite_power_of_two(values.max()),
         "count": int(values.size),
     }
+
+
+def _largest_finite_power_of_two(largest):
+    """The largest ``2**e`` with ``largest * 2**e`` finite in float16 (below 65520, which rounds to inf)."""
+    exponent = math.floor(math.log2(FP16_OVERFLOW / largest))
+    while largest * 2.0**exponent >= FP16_OVERFLOW:
+        exponent -= 1
+    return 2.0**exponent

@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import mindspore as ms
+import numpy as np
 import pytest
 
 from lossscale.cli import EXIT_STALLED, EXIT_USAGE, CliError, build_parser, main, parse_loss_scale
+from lossscale.diagnostics import magnitude_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -216,3 +218,42 @@ def test_the_cli_knows_every_demo_model_without_importing_them():
     from lossscale_models import MODELS
 
     assert set(MODEL_NAMES) == set(MODELS)
+
+
+# ---- diagnostics (what `inspect` and `compare` report) ----------------------------------------------------
+
+# (|g| * scale, where it lands in float16): float16 rounds to nearest, ties to even
+LANDINGS = [
+    (2.0**-26, "flushed"),
+    (2.0**-25, "flushed"),  # half the smallest subnormal: a tie, rounded to the even 0
+    (2.0**-25 * (1 + 2.0**-10), "subnormal"),  # rounds up to 2**-24
+    (2.0**-15, "subnormal"),
+    (2.0**-14 * (1 - 2.0**-13), "normal"),  # rounds up to the smallest normal
+    (1.0, "normal"),
+    (65519.0, "normal"),  # rounds down to 65504
+    (65520.0, "overflow"),  # a tie between 65504 and the next step, rounded to inf
+    (1e6, "overflow"),
+]
+
+
+def _half(value):
+    """``value`` cast to float16 (inf above the range, without numpy's warning)."""
+    with np.errstate(over="ignore"):
+        return np.float16(value)
+
+
+@pytest.mark.parametrize("value, landing", LANDINGS)
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_magnitude_report_classifies_as_float16_rounds(value, landing, scale):
+    """It counted 2**-25 as kept and 65504 < x < 65520 as overflowing; float16 itself does the opposite."""
+    report = magnitude_report([np.array([value / scale])], scale)
+    assert report[landing] == 1.0 and report["count"] == 1
+    assert bool(_half(value) == 0) == (landing == "flushed")
+    assert bool(np.isinf(_half(value))) == (landing == "overflow")
+
+
+@pytest.mark.parametrize("largest, safe", [(1.0, 2.0**15), (65519.0 / 4, 4.0), (65520.0 / 4, 2.0), (65504.0, 1.0),
+                                           (2.0**-20, 2.0**35)])
+def test_largest_safe_scale_is_the_largest_power_of_two_that_stays_finite(largest, safe):
+    assert magnitude_report([np.array([largest, 1e-30])], 1.0)["largest_safe_scale"] == safe
+    assert np.isfinite(_half(largest * safe)) and np.isinf(_half(largest * safe * 2))
