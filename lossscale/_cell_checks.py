@@ -1,4 +1,7 @@
 """Argument checks of the train cell that need MindSpore (the framework-free ones are in ``_validation``)."""
+import contextlib
+import itertools
+
 import numpy as np
 from mindspore import Tensor, get_context, nn, ops
 
@@ -61,3 +64,34 @@ def refuse_sparse_gradients_on_cpu(network):
             f"(nn.EmbeddingLookup with sparse=True). On CPU, MindSpore 2.10 crashes with a segmentation fault "
             f"when such gradients are applied in a graph that also updates the loss-scale state. Use nn.Embedding, "
             f"whose gradients are dense, or train this network without loss scaling.")
+
+
+_HOST_CALLS = set()  # tokens of the train cells whose __call__ is running (compiling or stepping)
+_TOKENS = itertools.count()
+
+
+def host_call_token():
+    """A token naming one train cell for :func:`host_call` and :func:`refuse_without_host_call`."""
+    return next(_TOKENS)
+
+
+@contextlib.contextmanager
+def host_call(token):
+    """The train cell's ``__call__`` is running: its graph may be compiled with host-side features."""
+    _HOST_CALLS.add(token)
+    try:
+        yield
+    finally:
+        _HOST_CALLS.discard(token)
+
+
+@ops.constexpr
+def refuse_without_host_call(token, features):
+    """Graph (compile time): refuse to compile a train cell with host-side ``features`` (warn/raise policy,
+    forensics) into another graph, where they would silently not run."""
+    if token not in _HOST_CALLS:
+        raise RuntimeError(
+            f"this train cell checks {features} on the host after each call of the cell; compiled into another "
+            f"graph (your own mindspore.jit function or Cell) those checks would silently not run. Call the train "
+            f"cell itself for each step, or build it with overflow_policy='skip' and debug_overflow=False.")
+    return True

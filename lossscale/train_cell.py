@@ -27,7 +27,8 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
-from lossscale._cell_checks import check_loss_output, check_train_arguments, fixed_scale_of
+from lossscale._cell_checks import (check_loss_output, check_train_arguments, fixed_scale_of, host_call,
+                                    host_call_token, refuse_without_host_call)
 from lossscale._validation import check_bool, check_int_in_range
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
@@ -150,6 +151,13 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._one = Tensor(1.0, mstype.float32)
         self._false = Tensor(False, mstype.bool_)
         self._state_checked = False
+        self._host_features = self._describe_host_features()
+        self._host_call_token = host_call_token()
+
+    def _describe_host_features(self):
+        """What runs on the host after each call ("" if nothing): only ``__call__`` runs it."""
+        features = [f"overflow_policy={self.overflow_policy!r}"] if self.persistent_overflow.active else []
+        return " and ".join(features + (["debug_overflow=True"] if self.forensics is not None else []))
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
@@ -239,7 +247,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if not self._state_checked:
             self.check_state()
         scale_used = self.get_loss_scale() if self.persistent_overflow.active else None
-        outputs = super().__call__(*args, **kwargs)
+        with host_call(self._host_call_token):
+            outputs = super().__call__(*args, **kwargs)
         if self.persistent_overflow.active or self.forensics is not None:
             self._after_step(outputs, scale_used)
         return outputs
@@ -257,6 +266,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     # ---- graph -------------------------------------------------------------------------------
     def construct(self, *inputs):
+        if self._host_features:
+            refuse_without_host_call(self._host_call_token, self._host_features)
         loss = check_loss_output(self.network(*inputs))
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)

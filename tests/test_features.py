@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import mindspore as ms
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -217,6 +218,33 @@ def test_raise_when_an_overflow_hits_the_minimum_scale():
     assert step.get_loss_scale() == 1.0
     with pytest.raises(PersistentOverflowError, match="already at its minimum 1.*debug_overflow=True"):
         step(*bad)
+
+
+@pytest.mark.parametrize("options", [{"overflow_policy": "raise"}, {"overflow_policy": "warn"},
+                                     {"debug_overflow": True}, {}], ids=["raise", "warn", "forensics", "skip"])
+def test_host_side_checks_refuse_to_be_compiled_into_another_graph(options):
+    """Called inside the user's own mindspore.jit, the cell's __call__ (where the policy and the forensics run)
+    was bypassed: a persistent overflow at the minimum scale with overflow_policy='raise' never raised."""
+    step = _policy_step(manager=_dynamic(init_loss_scale=1.0, min_loss_scale=1.0), **options)
+    bad = _tensors(_poisoned(regression_batches(1)[0]))
+
+    @ms.jit
+    def outer(x, y):
+        return step(x, y)
+
+    if not options:
+        assert bool(outer(*bad)[1].asnumpy())  # skip policy: any graph, the same step
+        return
+    with pytest.raises(RuntimeError, match="checks .* on the host after each call of the cell"):
+        outer(*bad)
+    if options.get("overflow_policy") == "raise":  # called itself, the same cell still raises
+        with pytest.raises(PersistentOverflowError, match="already at its minimum 1"):
+            step(*bad)
+    elif options.get("overflow_policy") == "warn":
+        with pytest.warns(RuntimeWarning, match="already at its minimum 1"):
+            step(*bad)
+    else:
+        assert bool(step(*bad)[1].asnumpy()) and step.overflow_reports[0]["step"] == 1
 
 
 def test_warn_once_and_skip_never_complains():
