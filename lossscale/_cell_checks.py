@@ -92,6 +92,7 @@ def refuse_without_host_call(token, features):
     if token not in _HOST_CALLS:
         raise RuntimeError(
             f"this train cell checks {features} on the host after each call of the cell; compiled into another "
-            f"graph (your own mindspore.jit function or Cell) those checks would silently not run. Call the train "
-            f"cell itself for each step, or build it with overflow_policy='skip' and debug_overflow=False.")
+            f"graph (your own mindspore.jit function or Cell, or Model's dataset sink mode on GPU/Ascend) those "
+            f"checks would silently not run. Call the train cell itself for each step (Model: "
+            f"dataset_sink_mode=False), or build it with overflow_policy='skip' and debug_overflow=False.")
     return True
