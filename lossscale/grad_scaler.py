@@ -38,7 +38,10 @@ Per-method host syncs: none for ``scale``, ``unscale_``, ``step``, ``update`` an
 ``minimize`` inside ``mindspore.jit``; run eagerly, ``step`` reads the optimizer's stage and
 skip decision (two scalars) to branch, like PyTorch's ``step``. ``get_scale``,
 ``get_loss_scaling``, ``get_state`` and ``state_dict`` read the device; setters and
-``load_state_dict`` write it.
+``load_state_dict`` write it. In a parallel mode (data parallel under ``msrun``) ``unscale_``,
+``step`` and ``update`` each all-reduce one float32 scalar, so every rank takes the same
+decision, also when a loss is non-finite on one rank only; the gradients themselves are
+reduced by the user (e.g. ``nn.DistributedGradReducer``), before ``unscale_`` or ``step``.
 
 "Skip" means the optimizer is not called: no weight, moment or ``global_step`` changes, so a
 learning-rate schedule indexed by the optimizer's step does not advance (as in PyTorch with the
@@ -259,7 +262,12 @@ class GradScaler:
 
     def _decide(self, unscaled, column):
         """float32 0/1: these unscaled gradients (or this iteration's loss) overflowed on some rank."""
-        return self._states.found(self._core.is_overflow(self._core.flag(None, unscaled)), column)
+        return ops.cast(self._overflowed(self._core.flag(None, unscaled), column), mstype.float32)
+
+    def _overflowed(self, flag, column):
+        """Whether ``flag`` or this iteration's loss record is non-zero on some rank (the core all-reduces in
+        parallel modes: a loss that is non-finite on one rank only must skip the step on every rank)."""
+        return self._core.is_overflow(self._states.with_loss(flag, column))
 
     def step(self, optimizer, grads, key=None):
         """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
@@ -279,7 +287,8 @@ class GradScaler:
         column = self._states.column(slot)
         if self._states.unscaled(column):
             seen = _overflow.fingerprint(self._hyper_map, grads)
-            found = self._states.found_after_unscale(column, ops.logical_not(ops.isfinite(seen)))
+            nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+            found = self._states.found_after_unscale(column, self._overflowed(nonfinite, column))
             code = self._states.scaled_gradients_code(column, seen, self._core.scale_value)
             to_apply = grads
         else:
@@ -311,7 +320,7 @@ class GradScaler:
             return self
         if new_scale is None:
             self._refuse_update()  # as PyTorch: only an update from this iteration's checks needs them
-            self._core.adjust(self._states.any_found())
+            self._core.adjust(self._core.is_overflow(self._states.any_found()))
         else:
             value = new_scale if isinstance(new_scale, Tensor) else _checked_new_scale(new_scale)
             if ops.logical_not(ops.logical_and(ops.isfinite(value), value > ops.zeros_like(value))).any():

@@ -165,18 +165,20 @@ class OptimizerStates(nn.Cell):
         """Whether the slot's stage is UNSCALED."""
         return column[STAGE] == self._unscaled
 
-    def found(self, overflow, column):
-        """This decision as float32 0/1, including a non-finite loss seen this iteration."""
-        return ops.maximum(ops.cast(overflow, mstype.float32), column[LOSS_NONFINITE])
+    def with_loss(self, flag, column):
+        """``flag`` (float32, 0 when clean) plus this rank's non-finite-loss record of this iteration (0 or 1):
+        what the core all-reduces, so every rank takes the same decision."""
+        return flag + column[LOSS_NONFINITE]
 
-    def found_after_unscale(self, column, nonfinite):
-        """step() after unscale_(): what unscale_() found, or the given gradients now being non-finite."""
-        return ops.maximum(column[FOUND_INF], self.found(nonfinite, column))
+    def found_after_unscale(self, column, overflow):
+        """step() after unscale_(): what unscale_() found, or ``overflow`` (a bool: the given gradients or the
+        loss now being non-finite on some rank), as float32 0/1."""
+        return ops.maximum(column[FOUND_INF], ops.cast(overflow, mstype.float32))
 
     def any_found(self):
-        """Whether any optimizer (or the loss) overflowed since the last update()."""
+        """float32, non-zero if any optimizer (or the loss) overflowed since the last update() on this rank."""
         rows = self._rows()
-        return _reduce_max(ops.maximum(rows[FOUND_INF], rows[LOSS_NONFINITE])) > self._zero
+        return _reduce_max(ops.maximum(rows[FOUND_INF], rows[LOSS_NONFINITE]))
 
     # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
     def refuse_unscale(self, column):

@@ -6,8 +6,10 @@ Each rank trains the test regression net on its half of every global batch, twic
 ``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. Run ``loss`` trains a net
 whose loss is ``mean(w * y) + offset``, with ``offset = inf`` on rank 1 only at INJECT_STEP:
 that rank's loss is not finite while every gradient is, so only the all-reduced overflow flag
-can tell rank 0. It writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and
-``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
+can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same with a compiled ``GradScaler``
+(PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the user's
+``DistributedGradReducer``. It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
+and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
 """
 import json
 import os
@@ -22,9 +24,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from nets import LossPlusInput, regression_batches, regression_net  # noqa: E402  pylint: disable=wrong-import-position
 
-from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
+from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
+                       TrainOneStepWithLossScaleCell)
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
+RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras")
 
 
 def manager():
@@ -54,12 +58,59 @@ def train_with_nonfinite_loss(rank):
     y = Tensor(np.full(3, rank + 1.0, np.float32))
     flags, scales, weights = [], [], []
     for i in range(STEPS):
-        offset = np.float32(np.inf if i == INJECT_STEP and rank == 1 else 0.0)
-        _, overflow, scale = step(y, Tensor(offset))
+        _, overflow, scale = step(y, _offset(rank, i))
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
         weights.append(net.w.asnumpy().copy())
     return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
+
+
+def _offset(rank, i):
+    """The loss offset of ``rank`` at step ``i``: inf on rank 1 at INJECT_STEP, else 0."""
+    return Tensor(np.float32(np.inf if i == INJECT_STEP and rank == 1 else 0.0))
+
+
+def _front_end_step(front_end, net, size):
+    """A compiled step ``(y, offset) -> skipped`` and a ``scale()`` reader for ``front_end`` (the policy of
+    :func:`manager`: 2**10, window 2), the gradients averaged over the ranks by a DistributedGradReducer."""
+    optimizer = nn.SGD(net.trainable_params(), 0.1)
+    if front_end == "keras":
+        optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0**10, dynamic_growth_steps=2)
+        scale_loss, unscale, scale = (optimizer.get_scaled_loss, optimizer.get_unscaled_gradients,
+                                      lambda: float(optimizer.loss_scale.asnumpy()))
+    else:
+        scaler = GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        scale_loss, unscale, scale = scaler.scale, None, scaler.get_scale
+    reducer = nn.DistributedGradReducer(optimizer.parameters, mean=True, degree=size)
+
+    def forward(y, offset):
+        return scale_loss(net(y, offset))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def step(y, offset):
+        _, grads = grad_fn(y, offset)
+        grads = reducer(grads)
+        if unscale is not None:
+            return optimizer.apply_gradients(unscale(grads))
+        skipped = scaler.step(optimizer, grads)
+        scaler.update()
+        return skipped
+
+    return step, scale
+
+
+def train_front_end_with_nonfinite_loss(rank, size, front_end):
+    net = LossPlusInput()
+    step, scale = _front_end_step(front_end, net, size)
+    y = Tensor(np.full(3, rank + 1.0, np.float32))
+    flags, scales, weights = [], [], []
+    for i in range(STEPS):
+        flags.append(bool(step(y, _offset(rank, i)).asnumpy()))
+        scales.append(scale())
+        weights.append(net.w.asnumpy().copy())
+    return {"flags": flags, "scales": scales}, np.stack(weights)
 
 
 def main(out):
@@ -68,9 +119,11 @@ def main(out):
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     rank, size = get_rank(), get_group_size()
     report = {"size": size}
-    for run in ("inject", "clean", "loss"):
+    for run in RUNS:
         if run == "loss":
             report[run], weights = train_with_nonfinite_loss(rank)
+        elif run.startswith("loss_"):
+            report[run], weights = train_front_end_with_nonfinite_loss(rank, size, run[len("loss_"):])
         else:
             report[run], weights = train(rank, size, inject=run == "inject")
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)

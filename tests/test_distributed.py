@@ -8,7 +8,7 @@ import psutil
 import pytest
 from mindspore import Tensor, nn
 
-from lossscale import TrainOneStepWithLossScaleCell
+from lossscale import TrainOneStepWithLossScaleCell, get_preset
 from lossscale.distributed import launch_environment, msrun_command, run_msrun
 from lossscale.policy import run
 from nets import regression_batches, regression_net
@@ -29,8 +29,7 @@ def two_ranks(tmp_path_factory):
                    for f in sorted(os.listdir(out / "logs"))) if (out / "logs").exists() else ""
     assert done.returncode == 0, done.stdout[-3000:] + logs
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1)
-               for name in ("inject", "clean", "loss")}
+    weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1) for name in dp_worker.RUNS}
     return reports, weights, command
 
 
@@ -55,6 +54,23 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip(two_ranks):
         step = dp_worker.INJECT_STEP
         np.testing.assert_array_equal(weights[(rank, "loss")][step], weights[(rank, "loss")][step - 1])
     np.testing.assert_array_equal(weights[(0, "loss")], weights[(1, "loss")])
+
+
+@pytest.mark.parametrize("front_end", ["torch", "keras"])
+def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_functional_front_ends(two_ranks, front_end):
+    """GradScaler kept a non-finite loss per rank: rank 1 skipped and backed off while rank 0 applied the step,
+    so the ranks' weights and scales diverged for the rest of the run."""
+    reports, weights, _ = two_ranks
+    run_name = f"loss_{front_end}"
+    expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
+    for rank, report in enumerate(reports):
+        assert report[run_name]["flags"] == expected_flags, rank
+        assert report[run_name]["scales"] == [s.scale for s in run(get_preset("pytorch", init_scale=2.0**10,
+                                                                                  growth_interval=2),
+                                                                       expected_flags)]
+        step = dp_worker.INJECT_STEP
+        np.testing.assert_array_equal(weights[(rank, run_name)][step], weights[(rank, run_name)][step - 1])
+    np.testing.assert_array_equal(weights[(0, run_name)], weights[(1, run_name)])
 
 
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
