@@ -6,7 +6,8 @@ Each rank trains the test regression net on its half of every global batch, twic
 ``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. Run ``loss`` trains a net
 whose loss is ``mean(w * y) + offset``, with ``offset = inf`` on rank 1 only at INJECT_STEP:
 that rank's loss is not finite while every gradient is, so only the all-reduced overflow flag
-can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same with a compiled ``GradScaler``
+can tell rank 0. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches (the window holding
+rank 1's inf is skipped). Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` with a compiled ``GradScaler``
 (PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the user's
 ``DistributedGradReducer``. It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
 and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
@@ -28,17 +29,17 @@ from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer, 
                        TrainOneStepWithLossScaleCell)
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
-RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras")
+RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "accumulate")
 
 
 def manager():
     return DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
 
 
-def train(rank, size, inject):
+def train(rank, size, inject, accumulation_steps=1):
     net = regression_net()
     step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                                         manager().get_update_cell())
+                                         manager().get_update_cell(), accumulation_steps=accumulation_steps)
     share = GLOBAL_BATCH // size
     flags, scales, weights = [], [], []
     for i, (x, y) in enumerate(regression_batches(STEPS, batch=GLOBAL_BATCH)):
@@ -124,6 +125,8 @@ def main(out):
             report[run], weights = train_with_nonfinite_loss(rank)
         elif run.startswith("loss_"):
             report[run], weights = train_front_end_with_nonfinite_loss(rank, size, run[len("loss_"):])
+        elif run == "accumulate":
+            report[run], weights = train(rank, size, inject=True, accumulation_steps=2)
         else:
             report[run], weights = train(rank, size, inject=run == "inject")
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)

@@ -73,6 +73,19 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_function
     np.testing.assert_array_equal(weights[(0, run_name)], weights[(1, run_name)])
 
 
+def test_an_inf_on_rank_1_in_an_accumulation_window_skips_the_window_on_both_ranks(two_ranks):
+    """Windows of 2 micro-batches, the gradients reduced once per window: the window flag of rank 1 reaches
+    rank 0 through the one all-reduce at the window's end."""
+    reports, weights, _ = two_ranks
+    step = dp_worker.INJECT_STEP  # the last micro-batch of the window (2, 3)
+    for rank, report in enumerate(reports):
+        assert report["accumulate"]["flags"] == [i == step for i in range(dp_worker.STEPS)], rank
+        assert report["accumulate"]["counters"]["skipped_steps"] == 1 and report["accumulate"]["counters"]["steps"] == 4
+        np.testing.assert_array_equal(weights[(rank, "accumulate")][step], weights[(rank, "accumulate")][step - 2])
+    np.testing.assert_array_equal(weights[(0, "accumulate")], weights[(1, "accumulate")])
+    assert reports[0]["accumulate"] == reports[1]["accumulate"]
+
+
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
     reports, weights, _ = two_ranks
     for run_name in ("inject", "clean"):
