@@ -253,6 +253,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             self._after_step(outputs, scale_used)
         return outputs
 
+    def compile(self, *args, **kwargs):
+        """Compile ahead of the first call (MindSpore's ``Cell.compile``; ``Model.build`` uses it): the graph is
+        the one ``__call__`` runs, with its host-side checks."""
+        with host_call(self._host_call_token):
+            return super().compile(*args, **kwargs)
+
     def _after_step(self, outputs, scale_used):
         """Host check after a step (only with a warn/raise policy or debug_overflow): one sync."""
         if not bool(outputs[1].asnumpy()):
