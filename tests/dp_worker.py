@@ -6,11 +6,11 @@ Each rank trains the test regression net on its half of every global batch, twic
 ``inject`` (inf on rank 1 only, at INJECT_STEP) and run ``clean``. Run ``loss`` trains a net
 whose loss is ``mean(w * y) + offset``, with ``offset = inf`` on rank 1 only at INJECT_STEP:
 that rank's loss is not finite while every gradient is, so only the all-reduced overflow flag
-can tell rank 0. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches (the window holding
-rank 1's inf is skipped). Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` with a compiled ``GradScaler``
-(PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the user's
-``DistributedGradReducer``. It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
-and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
+can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` with a compiled
+``GradScaler`` (PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the
+user's ``DistributedGradReducer``. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches
+(the window holding rank 1's inf is skipped). It writes ``rank<R>.json`` (per-step overflow flags
+and scales, counters) and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
 """
 import json
 import os
@@ -72,8 +72,8 @@ def _offset(rank, i):
 
 
 def _front_end_step(front_end, net, size):
-    """A compiled step ``(y, offset) -> skipped`` and a ``scale()`` reader for ``front_end`` (the policy of
-    :func:`manager`: 2**10, window 2), the gradients averaged over the ranks by a DistributedGradReducer."""
+    """A compiled step ``(y, offset) -> skipped`` and a ``scale()`` reader for ``front_end`` (2**10, growth
+    after 2 clean steps, as :func:`manager`), the gradients averaged over the ranks by a DistributedGradReducer."""
     optimizer = nn.SGD(net.trainable_params(), 0.1)
     if front_end == "keras":
         optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0**10, dynamic_growth_steps=2)
