@@ -363,7 +363,7 @@ def test_float64_gradients_keep_their_precision_through_clipping():
 
 
 def test_float64_gradients_keep_their_precision_through_accumulation():
-    """float32 accumulators rounded float64 gradients (weights 1e-8 off). The control trains on both
+    """float32 accumulators rounded float64 gradients to float32 precision. The control trains on both
     micro-batches at once: the same mean gradient up to float64 rounding."""
     rng = np.random.RandomState(5)
     ours, theirs = Float64Regression(), Float64Regression()
