@@ -349,7 +349,8 @@ def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
 
 
 def test_float64_gradients_keep_their_precision_through_clipping():
-    """Clipping multiplied through float32 (even by a factor of 1): weights 8e-9 off the control."""
+    """Clipping multiplied through float32 (even by a factor of 1), rounding float64 gradients to float32
+    precision."""
     rng = np.random.RandomState(5)
     ours, theirs = Float64Regression(), Float64Regression()
     step = TrainOneStepWithLossScaleCell(ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)),
