@@ -81,7 +81,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             ``RuntimeWarning``) or ``"raise"`` (:class:`PersistentOverflowError`).
             Triggered after ``max_consecutive_overflows`` consecutive overflowing
             steps, or by an overflow while a dynamic scale is already at its minimum.
-            Checked on the host after each call (one sync per step).
+            Checked on the host after each call (one sync per step); with ``"warn"``
+            or ``"raise"`` (or ``debug_overflow``) the cell refuses to be compiled into
+            another graph (your own ``mindspore.jit``), where that check could not run.
         max_consecutive_overflows (int, optional): see ``overflow_policy`` (>= 1).
         debug_overflow (bool): record, on each overflowing step, which parameters'
             gradients were non-finite and whether the loss was; log it and keep it
