@@ -33,6 +33,26 @@ def launched_by_us():
     return os.environ.get(LAUNCHED_MARK) == "1"
 
 
+def gradient_reducer(parameters):
+    """What reduces the gradients of ``parameters`` over the ranks, by MindSpore's own rule (its
+    ``TrainOneStepCell``): a ``DistributedGradReducer`` (mean or sum as ``gradients_mean`` says) under data
+    or hybrid parallel, else the identity. Graph code calls it on the gradients before unscaling them.
+
+    Example:
+        >>> from mindspore import nn
+        >>> type(gradient_reducer(nn.Dense(2, 1).trainable_params())).__name__  # stand-alone
+        'Identity'
+    """
+    from mindspore import context, nn  # pylint: disable=import-outside-toplevel
+    from mindspore.context import ParallelMode  # pylint: disable=import-outside-toplevel
+    from mindspore.parallel._utils import _get_device_num, _get_gradients_mean  # pylint: disable=import-outside-toplevel
+
+    if context.get_auto_parallel_context("parallel_mode") in (ParallelMode.DATA_PARALLEL,
+                                                              ParallelMode.HYBRID_PARALLEL):
+        return nn.DistributedGradReducer(parameters, _get_gradients_mean(), _get_device_num())
+    return nn.Identity()
+
+
 def init_data_parallel():
     """In an msrun worker: initialise communication and data parallelism; return ``(rank, group_size)``.
 

@@ -37,6 +37,7 @@ from mindspore.common import dtype as mstype
 from lossscale._naming import claim_name
 from lossscale._parameters import write_parameter
 from lossscale._validation import TypeValueError
+from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
@@ -240,6 +241,8 @@ class LossScaleOptimizer(nn.Cell):
         inner_optimizer._wrapped_by_loss_scale_optimizer = True  # pylint: disable=protected-access
         self._iteration = _IterationFlags(prefix)
         self._apply_step = _ApplyGradients(self._core, inner_optimizer, self._iteration)
+        # minimize() computes the gradients itself, so it reduces them over the ranks (data parallel) itself.
+        self._grad_reducer = gradient_reducer(inner_optimizer.parameters)
 
     # ---- Keras API (graph ops: eager or inside mindspore.jit) -------------------------------------
     def get_scaled_loss(self, loss):
@@ -278,7 +281,9 @@ class LossScaleOptimizer(nn.Cell):
         """Keras' ``minimize``: scale ``loss()`` (a callable), differentiate, unscale, apply, update the scale.
 
         ``var_list``, if given, must be the inner optimizer's parameters (a MindSpore
-        optimizer is bound to them). Returns True if the step was skipped.
+        optimizer is bound to them). Under data parallel the gradients are reduced over the
+        ranks first, as MindSpore's ``TrainOneStepCell`` does (with ``apply_gradients`` the
+        caller reduces them). Returns True if the step was skipped.
         """
         from mindspore import value_and_grad  # pylint: disable=import-outside-toplevel
 
@@ -294,7 +299,7 @@ class LossScaleOptimizer(nn.Cell):
             return self.get_scaled_loss(loss())
 
         _, grads = value_and_grad(scaled_loss, None, parameters)()
-        return self.apply_gradients(self.get_unscaled_gradients(grads))
+        return self.apply_gradients(self.get_unscaled_gradients(self._grad_reducer(grads)))
 
     # ---- properties ------------------------------------------------------------------------------
     @property

@@ -8,7 +8,8 @@ whose loss is ``mean(w * y) + offset``, with ``offset = inf`` on rank 1 only at 
 that rank's loss is not finite while every gradient is, so only the all-reduced overflow flag
 can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` with a compiled
 ``GradScaler`` (PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the
-user's ``DistributedGradReducer``. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches
+user's ``DistributedGradReducer``; run ``minimize_keras`` with ``LossScaleOptimizer.minimize``, which
+reduces them itself. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches
 (the window holding rank 1's inf is skipped). It writes ``rank<R>.json`` (per-step overflow flags
 and scales, counters) and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
 """
@@ -29,7 +30,7 @@ from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer, 
                        TrainOneStepWithLossScaleCell)
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
-RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "accumulate")
+RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "minimize_keras", "accumulate")
 
 
 def manager():
@@ -114,6 +115,25 @@ def train_front_end_with_nonfinite_loss(rank, size, front_end):
     return {"flags": flags, "scales": scales}, np.stack(weights)
 
 
+def train_minimize_with_nonfinite_loss(rank):
+    """``loss`` with ``LossScaleOptimizer.minimize``, which computes (and must reduce) the gradients itself."""
+    net = LossPlusInput()
+    optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=2.0**10,
+                                   dynamic_growth_steps=2)
+    y = Tensor(np.full(3, rank + 1.0, np.float32))
+    flags, scales, weights = [], [], []
+    for i in range(STEPS):
+        offset = _offset(rank, i)
+
+        def loss():
+            return net(y, offset)
+
+        flags.append(bool(optimizer.minimize(loss).asnumpy()))
+        scales.append(float(optimizer.loss_scale.asnumpy()))
+        weights.append(net.w.asnumpy().copy())
+    return {"flags": flags, "scales": scales}, np.stack(weights)
+
+
 def main(out):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
@@ -125,6 +145,8 @@ def main(out):
             report[run], weights = train_with_nonfinite_loss(rank)
         elif run.startswith("loss_"):
             report[run], weights = train_front_end_with_nonfinite_loss(rank, size, run[len("loss_"):])
+        elif run == "minimize_keras":
+            report[run], weights = train_minimize_with_nonfinite_loss(rank)
         elif run == "accumulate":
             report[run], weights = train(rank, size, inject=True, accumulation_steps=2)
         else:
