@@ -54,22 +54,28 @@ def train(rank, size, inject, accumulation_steps=1):
     return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
 
 
-def train_with_nonfinite_loss(rank):
-    net = LossPlusInput()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager().get_update_cell())
-    y = Tensor(np.full(3, rank + 1.0, np.float32))
-    flags, scales, weights = [], [], []
-    for i in range(STEPS):
-        _, overflow, scale = step(y, _offset(rank, i))
-        flags.append(bool(overflow.asnumpy()))
-        scales.append(float(scale.asnumpy()))
-        weights.append(net.w.asnumpy().copy())
-    return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
-
-
 def _offset(rank, i):
     """The loss offset of ``rank`` at step ``i``: inf on rank 1 at INJECT_STEP, else 0."""
     return Tensor(np.float32(np.inf if i == INJECT_STEP and rank == 1 else 0.0))
+
+
+def _nonfinite_loss_run(rank, net, step, scale):
+    """Train ``net`` (a LossPlusInput, ``y`` differing by rank) with ``step(y, offset) -> skipped`` for STEPS
+    steps, rank 1's loss inf at INJECT_STEP: the skip flags, ``scale()`` after each step, and the weights."""
+    y = Tensor(np.full(3, rank + 1.0, np.float32))
+    flags, scales, weights = [], [], []
+    for i in range(STEPS):
+        flags.append(bool(step(y, _offset(rank, i)).asnumpy()))
+        scales.append(scale())
+        weights.append(net.w.asnumpy().copy())
+    return {"flags": flags, "scales": scales}, np.stack(weights)
+
+
+def train_with_nonfinite_loss(rank):
+    net = LossPlusInput()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager().get_update_cell())
+    report, weights = _nonfinite_loss_run(rank, net, lambda y, offset: cell(y, offset)[1], cell.get_loss_scale)
+    return dict(report, counters=cell.overflow_counters()), weights
 
 
 def _front_end_step(front_end, net, size):
@@ -105,14 +111,7 @@ def _front_end_step(front_end, net, size):
 
 def train_front_end_with_nonfinite_loss(rank, size, front_end):
     net = LossPlusInput()
-    step, scale = _front_end_step(front_end, net, size)
-    y = Tensor(np.full(3, rank + 1.0, np.float32))
-    flags, scales, weights = [], [], []
-    for i in range(STEPS):
-        flags.append(bool(step(y, _offset(rank, i)).asnumpy()))
-        scales.append(scale())
-        weights.append(net.w.asnumpy().copy())
-    return {"flags": flags, "scales": scales}, np.stack(weights)
+    return _nonfinite_loss_run(rank, net, *_front_end_step(front_end, net, size))
 
 
 def train_minimize_with_nonfinite_loss(rank):
@@ -120,18 +119,14 @@ def train_minimize_with_nonfinite_loss(rank):
     net = LossPlusInput()
     optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=2.0**10,
                                    dynamic_growth_steps=2)
-    y = Tensor(np.full(3, rank + 1.0, np.float32))
-    flags, scales, weights = [], [], []
-    for i in range(STEPS):
-        offset = _offset(rank, i)
 
+    def step(y, offset):
         def loss():
             return net(y, offset)
 
-        flags.append(bool(optimizer.minimize(loss).asnumpy()))
-        scales.append(float(optimizer.loss_scale.asnumpy()))
-        weights.append(net.w.asnumpy().copy())
-    return {"flags": flags, "scales": scales}, np.stack(weights)
+        return optimizer.minimize(loss)
+
+    return _nonfinite_loss_run(rank, net, step, lambda: float(optimizer.loss_scale.asnumpy()))
 
 
 def main(out):
