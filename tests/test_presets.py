@@ -171,6 +171,8 @@ T, F = True, False
 def _random_flags(seed, n=400, rate=0.15):
     """``n`` overflow flags, each True with probability ``rate``."""
     return [bool(v) for v in np.random.RandomState(seed).rand(n) < rate]
+
+
 # (preset, overrides, the original rule with the same settings, overflow pattern)
 PRESET_CASES = [
     ("pytorch", dict(growth_interval=3), lambda f: torch_rule(f, interval=3), [F, F, F, T, T, F, F, F, F, F, F]),
