@@ -295,18 +295,17 @@ class GradScaler:
             to_apply = self._core.unscale(grads)
             found = self._decide(to_apply, column)
             code = self._states.ready_code(slot, column, structure)
-        skipped = self._states.record_step(slot, found, code)
+        skipped = self._states.record_step(slot, found, code, self._step_ends_iteration())
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             skipped = ops.depend(skipped, optimizer(to_apply))
         else:
             skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
-        self._reset_after_step_if_fixed()
         return skipped
 
-    def _reset_after_step_if_fixed(self):
+    def _step_ends_iteration(self):
         """Paddle: with a fixed scale update() does nothing, so step() itself starts the next iteration."""
-        return self._states.reset(keep=self._core.dynamic_flag())
+        return ops.logical_not(self._core.dynamic_flag())
 
     def update(self, new_scale=None):
         """Update the scale from this iteration's overflows (once per iteration, after every ``step``).
@@ -530,7 +529,7 @@ class TorchGradScaler(GradScaler):
     def _refuse_update(self):
         return self._states.refuse_update_without_checks()
 
-    def _reset_after_step_if_fixed(self):
+    def _step_ends_iteration(self):
         """PyTorch's scale is always dynamic: update() starts the next iteration."""
         return None
 

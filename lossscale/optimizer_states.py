@@ -194,9 +194,13 @@ class OptimizerStates(nn.Cell):
 
     def scaled_gradients_code(self, column, fingerprint, scale):
         """step() after unscale_(): SCALED_GRADIENTS if ``fingerprint`` is that of the scaled gradients
-        unscale_() was given (only detectable while the scale is not 1), else 0."""
+        unscale_() was given (only detectable while the scale is not 1), else 0.
+
+        Only finite fingerprints count: gradients holding an inf unscale to gradients holding the same inf
+        (both fingerprints inf), and unscale_() recorded that overflow, so the step is skipped anyway."""
         seen = column[FINGERPRINT]
-        scaled = ops.logical_and(ops.logical_and(fingerprint == seen, seen != self._zero), scale != self._one)
+        recognisable = ops.logical_and(ops.isfinite(seen), ops.logical_and(seen != self._zero, scale != self._one))
+        scaled = ops.logical_and(fingerprint == seen, recognisable)
         return ops.select(scaled, self._scaled_gradients, self._no_misuse)
 
     def ready_code(self, slot, column, structure):
@@ -247,21 +251,27 @@ class OptimizerStates(nn.Cell):
                             self._zero)).reshape((5, 1))
         return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
 
-    def record_step(self, slot, found, code):
+    def record_step(self, slot, found, code, ends_iteration=None):
         """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
-        whether the optimizer is skipped (an overflow, or a refusal)."""
+        whether the optimizer is skipped (an overflow, or a refusal).
+
+        ``ends_iteration`` (a bool scalar, or None for never): when True, the step starts the next
+        iteration instead (every slot READY, as :meth:`reset`), in the same single write. One write,
+        not a record followed by a reset: MindSpore 2.10 failed to compile that pair ("Cannot join the
+        return values of different branches") when the gradients were an input of the compiled function."""
         refused = code != self._no_misuse
         values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((5, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
-        done = self._write(where, values)
+        table = ops.select(where, ops.broadcast_to(values, self.table.shape), self.table)
+        if ends_iteration is not None:
+            cleared = ops.logical_and(self._iteration_rows, ops.logical_and(ends_iteration, ops.logical_not(refused)))
+            table = ops.select(cleared, ops.zeros_like(table), table)
+        done = ops.assign(self.table, table)
         return ops.depend(ops.logical_or(refused, found > self._zero), done)
 
-    def reset(self, keep=None):
-        """A new iteration: every slot READY, no overflow recorded. With ``keep`` (a bool scalar), only
-        where ``keep`` is False (branch-free)."""
-        where = self._iteration_rows if keep is None else ops.logical_and(self._iteration_rows,
-                                                                           ops.logical_not(keep))
-        return self._write(where, self._zero)
+    def reset(self):
+        """A new iteration: every slot READY, no overflow recorded."""
+        return self._write(self._iteration_rows, self._zero)
 
     # ---- host ----------------------------------------------------------------------------------
     def between_iterations(self):

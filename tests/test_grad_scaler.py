@@ -563,6 +563,73 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
     assert scaler.get_scale() == 512.0  # backed off once
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("spelling, preset", [({"init_scale": 1024.0}, "pytorch"),
+                                              ({"init_loss_scaling": 1024.0}, "paddle")], ids=["torch", "paddle"])
+@pytest.mark.parametrize("bad", [[np.inf, 1.0], [-np.inf, -np.inf]], ids=["one_inf", "all_minus_inf"])
+def test_step_after_unscale_skips_an_overflow_without_a_false_refusal(compiled, spelling, preset, bad):
+    """Gradients holding an inf unscale to gradients with the same inf, so the recorded fingerprint of the
+    scaled gradients and that of the returned ones were both inf and equal: step() raised "step() got the
+    scaled gradients" on an ordinary overflow instead of skipping (found by a random comparison with PyTorch).
+    Passing the scaled gradients back with an inf is skipped too: nothing wrong can be applied."""
+    net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    scaler = GradScaler(**spelling)
+
+    def returned(grads):
+        grads = scaler.unscale_(grads)
+        skipped = scaler.step(opt, grads)
+        scaler.update()
+        return skipped
+
+    def dropped(grads):
+        scaler.unscale_(grads)
+        skipped = scaler.step(opt, grads)
+        scaler.update()
+        return skipped
+
+    grads = ms.mutable((Tensor(np.array([bad], np.float32)), Tensor(np.ones(1, np.float32))))
+    expected = run(get_preset(preset, init_scale=1024.0), [True, True])
+    for iteration, step in enumerate((returned, dropped)):
+        step = ms.jit(step) if compiled else step
+        assert bool(step(grads).asnumpy())
+        assert net.weight.asnumpy().tolist() == [[1.0, 1.0]] and net.bias.asnumpy().tolist() == [0.0]
+        assert scaler.get_scale() == expected[iteration].scale
+
+
+@pytest.mark.parametrize("form", ["step_update", "minimize"])
+@pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0},
+                                      {"init_loss_scaling": 1024.0, "use_dynamic_loss_scaling": False},
+                                      {"init_scale": 1024.0}], ids=["paddle", "paddle_fixed", "torch"])
+def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form):
+    """Gradients computed elsewhere (e.g. accumulated eagerly) and passed into a compiled step: with Paddle's
+    spelling step() and minimize() failed to compile ("Cannot join the return values of different branches",
+    MindSpore 2.10) because step() recorded its decision and then, for a fixed scale, reset the iteration in a
+    second table write."""
+    def train(compiled):
+        net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+        opt = nn.SGD(net.trainable_params(), 0.1)
+        scaler = GradScaler(**spelling)
+
+        def apply(grads):
+            if form == "minimize":
+                return scaler.minimize(opt, grads)
+            skipped = scaler.step(opt, grads)
+            scaler.update()
+            return skipped
+
+        apply = ms.jit(apply) if compiled else apply
+        skips = []
+        for weight_grad in ([[1.0, 2.0]], [[np.inf, 1.0]], [[3.0, 1.0]]):
+            grads = (Tensor(np.array(weight_grad, np.float32) * 1024), Tensor(np.full(1, 1024.0, np.float32)))
+            skips.append(bool(apply(grads).asnumpy()))
+        return skips, net.weight.asnumpy().tolist(), net.bias.asnumpy().tolist(), scaler.state_dict()
+
+    eager, compiled = train(False), train(True)
+    assert eager[0] == [False, True, False]
+    assert compiled == eager
+
+
 def _misuse_cases(scaler, opt, grad_fn):
     def dropped_returned_gradients(x, y):
         _, grads = grad_fn(x, y)
