@@ -161,3 +161,96 @@ def test_two_optimizers_one_overflowing_as_pytorch():
             np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6,
                                        err_msg=str(i))
     assert scaler.state_dict() == torch_scaler.state_dict()
+
+
+def _random_mask(rng, shape):
+    """An additive poison for a gradient: inf everywhere, or one +inf, -inf or nan."""
+    mask = np.zeros(shape, np.float32)
+    kind = rng.randint(4)
+    if kind == 0:
+        mask[:] = np.inf
+    else:
+        mask.flat[rng.randint(mask.size)] = (np.inf, -np.inf, np.nan)[kind - 1]
+    return mask
+
+
+def test_random_iterations_with_two_optimizers_as_pytorch():
+    """Random iterations, side by side with torch.amp.GradScaler: each optimizer's gradient poisoned or not,
+    unscale_ or not per optimizer, then nothing, nan_to_num or global-norm clipping, either step order, eager
+    or compiled. Found the false "step() got the scaled gradients" refusal of an inf after unscale_."""
+    rng = np.random.RandomState(11)
+    shapes = [(3, 4), (2, 4)]
+    weights = [rng.randn(*shape).astype(np.float32) for shape in shapes]
+    models = [torch.nn.Linear(4, w.shape[0], bias=False) for w in weights]
+    for model, w in zip(models, weights):
+        with torch.no_grad():
+            model.weight.copy_(torch.from_numpy(w))
+    torch_opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+
+    nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
+    for index, net in enumerate(nets):
+        net.weight.name = f"random{index}.weight"
+    opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"random_opt{i}") for i, n in enumerate(nets)]
+    scaler = GradScaler("cuda", init_scale=2.0**8, growth_interval=2)
+    mse = nn.MSELoss()
+
+    def forward(x, y0, y1):
+        return scaler.scale(mse(nets[0](x), y0) + mse(nets[1](x), y1))
+
+    grad_fn = ms.value_and_grad(forward, None, opts[0].parameters + opts[1].parameters)
+
+    def make_step(unscale, after, order):
+        def train_step(x, y0, y1, poison0, poison1):
+            _, (g0, g1) = grad_fn(x, y0, y1)
+            grads = [(g0 + poison0,), (g1 + poison1,)]
+            for k in (0, 1):
+                if unscale[k]:
+                    grads[k] = scaler.unscale_(grads[k])
+                    if after == "nan_to_num":
+                        grads[k] = tuple(ops.nan_to_num(g, 0.0, 1.0, -1.0) for g in grads[k])
+                    elif after == "clip":
+                        grads[k] = ops.clip_by_global_norm(grads[k], 0.5)
+            skipped = [scaler.step(opts[k], grads[k]) for k in order]
+            scaler.update()
+            return skipped[0], skipped[1]
+        return train_step
+
+    compiled = {}
+    for i in range(12):
+        x, y0, y1 = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32), rng.randn(8, 2).astype(
+            np.float32)
+        poisons = [_random_mask(rng, s) if rng.rand() < 0.3 else np.zeros(s, np.float32) for s in shapes]
+        unscale = (bool(rng.rand() < 0.5), bool(rng.rand() < 0.5))
+        after = ("none", "nan_to_num", "clip")[rng.randint(3)]
+        order = (0, 1) if rng.rand() < 0.5 else (1, 0)
+        for opt in torch_opts:
+            opt.zero_grad()
+        tx = torch.from_numpy(x)
+        loss = (torch.nn.functional.mse_loss(models[0](tx), torch.from_numpy(y0))
+                + torch.nn.functional.mse_loss(models[1](tx), torch.from_numpy(y1)))
+        torch_scaler.scale(loss).backward()
+        for model, poison, opt, k in zip(models, poisons, torch_opts, (0, 1)):
+            with torch.no_grad():
+                model.weight.grad.add_(torch.from_numpy(poison))
+            if unscale[k]:
+                torch_scaler.unscale_(opt)
+                with torch.no_grad():
+                    if after == "nan_to_num":
+                        model.weight.grad.nan_to_num_(0.0, 1.0, -1.0)
+                    elif after == "clip":
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        for k in order:
+            torch_scaler.step(torch_opts[k])
+        torch_scaler.update()
+
+        step = make_step(unscale, after, order)
+        if rng.rand() < 0.7:
+            step = compiled.setdefault((unscale, after, order), ms.jit(step))
+        step(*(Tensor(a) for a in (x, y0, y1, *poisons)))
+        label = f"iteration {i}: unscale_ {unscale}, then {after}, order {order}"
+        assert scaler.get_scale() == torch_scaler.get_scale(), label
+        for net, model in zip(nets, models):
+            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=3e-5, atol=1e-6,
+                                       err_msg=label)
+    assert scaler.state_dict() == torch_scaler.state_dict()
