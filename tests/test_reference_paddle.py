@@ -258,3 +258,35 @@ def test_update_backs_off_if_any_optimizer_overflowed_where_paddle_looks_at_the_
     assert [bool(ours.step(opt, g).asnumpy()) for opt, g in zip(opts, grads)] == [True, False]
     ours.update()
     assert _counts(ours) == (512.0, 0, 0)  # backed off
+
+
+@pytest.mark.parametrize("setter, value, injected, theirs_after, ours_after", [
+    # 3 clean iterations (incr_count 3), window lowered to 2: Paddle's count passes 2 and never matches it again
+    ("set_incr_every_n_steps", 2, set(), [(1024.0, 4, 0), (1024.0, 5, 0), (1024.0, 6, 0)],
+     [(2048.0, 0, 0), (2048.0, 1, 0), (4096.0, 0, 0)]),
+    # 2 bad iterations (decr_count 2), backoff after 1 bad one: Paddle never backs off again
+    ("set_decr_every_n_nan_or_inf", 1, {0, 1, 2, 3, 4}, [(1024.0, 0, 3), (1024.0, 0, 4), (1024.0, 0, 5)],
+     [(512.0, 0, 0), (256.0, 0, 0), (128.0, 0, 0)]),
+])
+def test_a_count_beyond_a_lowered_setting_is_clipped_where_paddle_never_acts_again(setter, value, injected,
+                                                                                     theirs_after, ours_after):
+    """Paddle compares its counts with ``==``: lowering the window (or the bad steps per backoff) below the current
+    count stops growth (or backoff) for good. lossscale clips the count to the new setting."""
+    rule = dict(RULE, incr_every_n_steps=4, decr_every_n_nan_or_inf=3)
+    theirs, ours = PaddleRun(False, **rule), LossScaleRun(False, **rule)
+    data = reference_batches(6, injected)
+    before = 3 if not injected else 2
+    for x, y in data[:before]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+    assert _counts(ours.scaler) == _counts(theirs.scaler)
+    for scaler in (theirs.scaler, ours.scaler):
+        getattr(scaler, setter)(value)
+    observed_theirs, observed_ours = [], []
+    for x, y in data[before:before + 3]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+        observed_theirs.append(_counts(theirs.scaler))
+        observed_ours.append(_counts(ours.scaler))
+    assert observed_theirs == theirs_after
+    assert observed_ours == ours_after

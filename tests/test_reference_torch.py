@@ -163,6 +163,29 @@ def test_two_optimizers_one_overflowing_as_pytorch():
     assert scaler.state_dict() == torch_scaler.state_dict()
 
 
+
+def test_a_tracker_beyond_a_lowered_growth_interval_is_clipped_where_pytorch_never_grows_again():
+    """A deliberate difference (docs/migration.md): PyTorch's update compares ``tracker + 1 == growth_interval``,
+    so after set_growth_interval() below the current tracker the scale never grows again; lossscale clips the
+    tracker to the new interval."""
+    theirs, ours = TorchRun(False, init_scale=2.0**10, growth_interval=4), LossScaleRun(False, init_scale=2.0**10,
+                                                                                        growth_interval=4)
+    data = reference_batches(6, set())
+    for x, y in data[:3]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+    assert ours.scaler.state_dict() == theirs.scaler.state_dict()  # tracker 3
+    for scaler in (theirs.scaler, ours.scaler):
+        scaler.set_growth_interval(2)
+    scales = {"theirs": [], "ours": []}
+    for x, y in data[3:]:
+        theirs.iteration(x, y)
+        ours.iteration(x, y)
+        scales["theirs"].append(theirs.scaler.get_scale())
+        scales["ours"].append(ours.scaler.get_scale())
+    assert scales == {"theirs": [1024.0] * 3, "ours": [2048.0, 2048.0, 4096.0]}
+    assert theirs.scaler.state_dict()["_growth_tracker"] == 6
+
 def _random_mask(rng, shape):
     """An additive poison for a gradient: inf everywhere, or one +inf, -inf or nan."""
     mask = np.zeros(shape, np.float32)
