@@ -230,14 +230,14 @@ class GradScaler:
     def scale(self, outputs):
         """``outputs`` (a loss, or a nested tuple/list of losses) times the scale; unchanged when disabled.
 
-        Each loss is promoted to at least float32 first. A non-finite loss is recorded: every
-        ``step`` of this iteration after it is skipped, and ``update`` backs off.
+        Each loss is promoted to at least float32 first. A non-finite loss is multiplied by nan
+        instead, so every gradient computed from it is nan: the ``step`` those gradients feed is
+        skipped and ``update`` backs off. Nothing is recorded: a batch dropped by hand after a
+        non-finite loss (no ``step``, no ``update``) does not affect the next iteration.
         """
         if not self._enabled:
             return outputs
-        scaled = self._core.scale(outputs)
-        self._states.record_loss(self._core.loss_flag(outputs))
-        return scaled
+        return self._core.scale(outputs)
 
     def unscale_(self, grads, key=None):
         """Return ``grads`` divided by the scale (in float32) and record whether any is inf/nan.
@@ -256,18 +256,14 @@ class GradScaler:
         refused = self._states.refuse_unscale(column)
         seen = _overflow.fingerprint(self._hyper_map, grads)
         unscaled = self._core.unscale(grads)
-        recorded = self._states.record_unscale(slot, self._decide(unscaled, column), seen, structure)
+        recorded = self._states.record_unscale(slot, self._decide(unscaled), seen, structure)
         # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
         return ops.depend(unscaled, (refused, recorded))
 
-    def _decide(self, unscaled, column):
-        """float32 0/1: these unscaled gradients (or this iteration's loss) overflowed on some rank."""
-        return ops.cast(self._overflowed(self._core.flag(None, unscaled), column), mstype.float32)
-
-    def _overflowed(self, flag, column):
-        """Whether ``flag`` or this iteration's loss record is non-zero on some rank (the core all-reduces in
-        parallel modes: a loss that is non-finite on one rank only must skip the step on every rank)."""
-        return self._core.is_overflow(self._states.with_loss(flag, column))
+    def _decide(self, unscaled):
+        """float32 0/1: these unscaled gradients overflowed on some rank (the core all-reduces the flag in
+        parallel modes, so a loss that is non-finite on one rank only skips the step on every rank)."""
+        return ops.cast(self._core.is_overflow(self._core.flag(None, unscaled)), mstype.float32)
 
     def step(self, optimizer, grads, key=None):
         """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
@@ -288,12 +284,12 @@ class GradScaler:
         if self._states.unscaled(column):
             seen = _overflow.fingerprint(self._hyper_map, grads)
             nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
-            found = self._states.found_after_unscale(column, self._overflowed(nonfinite, column))
+            found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
             code = self._states.scaled_gradients_code(column, seen, self._core.scale_value)
             to_apply = grads
         else:
             to_apply = self._core.unscale(grads)
-            found = self._decide(to_apply, column)
+            found = self._decide(to_apply)
             code = self._states.ready_code(slot, column, structure)
         skipped = self._states.record_step(slot, found, code, self._step_ends_iteration())
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.

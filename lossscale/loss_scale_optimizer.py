@@ -23,15 +23,16 @@ times too large) and gradients unscaled without a scaled loss (``1/loss_scale`` 
 small), before anything is applied; with neither call it applies them and warns once (when
 called from Python; a warning cannot be raised from inside a compiled graph).
 
-"Skip" (a non-finite gradient or loss): the inner optimizer is not called, so weights and
-moments do not change; as in tf.keras its step counter (``global_step``, Keras'
-``iterations``) still advances, so learning-rate schedules keep their pace.
+"Skip" (a non-finite gradient, or a non-finite scaled loss, whose gradients ``get_scaled_loss``
+makes nan): the inner optimizer is not called, so weights and moments do not change; as in
+tf.keras its step counter (``global_step``, Keras' ``iterations``) still advances, so
+learning-rate schedules keep their pace.
 """
 import numbers
 import warnings
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._naming import claim_name
@@ -109,6 +110,16 @@ def _gradients_of(grads_and_vars):
     return items
 
 
+def _variable(grads):
+    """``grads`` (a tuple or list of Tensors, given from Python) as a ``mindspore.mutable`` tuple.
+
+    A plain tuple of Tensors is a compile-time constant to MindSpore 2.10: the Cell would be compiled again
+    for every new value (0.2 s per call, measured) and its checks folded at compile time."""
+    if isinstance(grads, (tuple, list)) and grads and all(isinstance(grad, Tensor) for grad in grads):
+        return mutable(tuple(grads))
+    return grads
+
+
 class _IterationFlags(nn.Cell):
     """This iteration's scaling calls (Parameters, shared by eager and compiled code)."""
 
@@ -116,13 +127,9 @@ class _IterationFlags(nn.Cell):
         super().__init__(auto_prefix=False)
         self.loss_scaled = Parameter(Tensor(False), name=f"{prefix}.loss_scaled", requires_grad=False)
         self.grads_unscaled = Parameter(Tensor(False), name=f"{prefix}.grads_unscaled", requires_grad=False)
-        self.loss_nonfinite = Parameter(Tensor(0.0, mstype.float32), name=f"{prefix}.loss_nonfinite",
-                                        requires_grad=False)
         self._usage_checked = False
 
-    def record_scaled(self, loss_flag):
-        bad = ops.select(ops.isfinite(loss_flag), self.loss_nonfinite, ops.ones_like(loss_flag))
-        ops.assign(self.loss_nonfinite, bad)
+    def record_scaled(self):
         return ops.assign(self.loss_scaled, Tensor(True))
 
     def record_unscaled(self):
@@ -139,8 +146,7 @@ class _IterationFlags(nn.Cell):
 
     def reset(self):
         ops.assign(self.loss_scaled, Tensor(False))
-        ops.assign(self.grads_unscaled, Tensor(False))
-        return ops.assign(self.loss_nonfinite, ops.zeros_like(self.loss_nonfinite))
+        return ops.assign(self.grads_unscaled, Tensor(False))
 
     def warn_once_without_scaling(self):
         """Host, first call from Python only (one read): warn if neither scaling call was made."""
@@ -170,7 +176,7 @@ class _ApplyGradients(nn.Cell):
 
     def construct(self, grads):
         self.flags.refuse_mismatch()
-        overflow = self.core.is_overflow(self.core.flag(None, grads) + self.flags.loss_nonfinite)
+        overflow = self.core.is_overflow(self.core.flag(None, grads))
         if not overflow:
             overflow = ops.depend(overflow, self.inner(grads))
         else:  # tf.keras: the optimizer's step counter advances on a skipped step too
@@ -179,9 +185,9 @@ class _ApplyGradients(nn.Cell):
         self.flags.reset()
         return overflow
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, grads):
         self.flags.warn_once_without_scaling()
-        return super().__call__(*args, **kwargs)
+        return super().__call__(_variable(grads))
 
 
 class LossScaleOptimizer(nn.Cell):
@@ -207,8 +213,8 @@ class LossScaleOptimizer(nn.Cell):
             also a ``TypeError``.
 
     Calling the wrapper (or :meth:`apply_gradients`) with *unscaled* gradients applies them
-    unless one is inf/nan (or the scaled loss was), then updates the scale; it returns True
-    when the step was skipped. Hyperparameters (``learning_rate``, ``beta1``, ``parameters``,
+    unless one is inf/nan (as every gradient of a non-finite scaled loss is), then updates the
+    scale; it returns True when the step was skipped. Hyperparameters (``learning_rate``, ``beta1``, ``parameters``,
     ...) are read from the inner optimizer; ``learning_rate`` (alias ``lr``) can be set.
 
     Example:
@@ -246,7 +252,10 @@ class LossScaleOptimizer(nn.Cell):
 
     # ---- Keras API (graph ops: eager or inside mindspore.jit) -------------------------------------
     def get_scaled_loss(self, loss):
-        """``loss * loss_scale`` (promoted to at least float32); a callable returns a callable doing that."""
+        """``loss * loss_scale`` (promoted to at least float32); a callable returns a callable doing that.
+
+        A non-finite loss is multiplied by nan instead, so every gradient computed from it is nan and
+        ``apply_gradients`` skips them; nothing is recorded for a later iteration."""
         if not isinstance(loss, (Tensor, tuple, list)):
             if not callable(loss):
                 raise ValueError(f"'loss' must be a Tensor or a callable returning one, but got {type(loss).__name__}.")
@@ -256,7 +265,7 @@ class LossScaleOptimizer(nn.Cell):
 
             return scaled_loss
         scaled = self._core.scale(loss)
-        self._iteration.record_scaled(self._core.loss_flag(loss))
+        self._iteration.record_scaled()
         return scaled
 
     def get_unscaled_gradients(self, grads):
@@ -268,9 +277,9 @@ class LossScaleOptimizer(nn.Cell):
     def construct(self, grads):
         return self._apply_step(grads)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, grads):
         self._iteration.warn_once_without_scaling()
-        return super().__call__(*args, **kwargs)
+        return super().__call__(_variable(grads))
 
     def apply_gradients(self, grads_and_vars):
         """Apply unscaled gradients (a tuple, or Keras' ``(gradient, variable)`` pairs) unless one is inf/nan,

@@ -6,10 +6,10 @@ Per optimizer slot, between two ``update()`` calls::
     unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
 
 Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the
-scaled gradients ``unscale_()`` was given and their structure, plus whether a scaled loss was
-non-finite, live in one float32 Parameter (``<name>.iteration``, a row per field, a column per
-slot), so the machine is the same for eager calls, every compiled function and every
-recompilation: nothing is keyed by a compilation. One table keeps the bookkeeping to a few
+scaled gradients ``unscale_()`` was given and their structure live in one float32 Parameter
+(``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
+calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
+non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table keeps the bookkeeping to a few
 whole-Parameter writes per call, which MindSpore's CPU runtime launches much faster than many
 small ones. A misuse is refused before anything is applied; inside a compiled graph the refusal
 is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal one. ``step()``'s
@@ -41,7 +41,8 @@ READY, UNSCALED, STEPPED = 0, 1, 2
 # step() refusal codes (0: none)
 STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
 # rows of the iteration table
-STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, LOSS_NONFINITE = range(5)
+STAGE, FOUND_INF, FINGERPRINT, STRUCTURE = range(4)
+ROWS = 4
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
 _INSTANCES = itertools.count()
@@ -94,8 +95,8 @@ def _check_key(key):
 
 
 def _row_mask(*rows, width=1):
-    """A bool Tensor of shape (5, width), True in ``rows`` of the iteration table."""
-    mask = np.zeros((5, width), np.bool_)
+    """A bool Tensor of shape (ROWS, width), True in ``rows`` of the iteration table."""
+    mask = np.zeros((ROWS, width), np.bool_)
     mask[list(rows)] = True
     return Tensor(mask)
 
@@ -118,7 +119,7 @@ class OptimizerStates(nn.Cell):
         weakref.finalize(self, _REGISTRIES.pop, self.registry, None)
         self.capacity = capacity
         self.hyper_map = ops.HyperMap()
-        self.table = Parameter(Tensor(np.zeros((5, capacity), np.float32)), name=f"{name}.iteration",
+        self.table = Parameter(Tensor(np.zeros((ROWS, capacity), np.float32)), name=f"{name}.iteration",
                                requires_grad=False)
         # Tensor constants rather than Python numbers in graph arithmetic (see lossscale.overflow).
         self._ready, self._unscaled, self._stepped = (Tensor(float(v), mstype.float32)
@@ -134,9 +135,8 @@ class OptimizerStates(nn.Cell):
         self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
         self._step_rows = _row_mask(STAGE, FOUND_INF)
         self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE)
-        self._loss_row = _row_mask(LOSS_NONFINITE, width=capacity)
         # STRUCTURE is kept across iterations (refusals compare structures within one only).
-        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, LOSS_NONFINITE, width=capacity)
+        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, width=capacity)
 
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
@@ -155,7 +155,7 @@ class OptimizerStates(nn.Cell):
         A gather, not ``table[:, slot]``: MindSpore 2.10's graph compiler merges two such slices of one
         Parameter even when the Parameter is written between them, so a read after a write returned the
         value from before it (measured). Tensor indexing is also slow to compile (see ``__init__``)."""
-        return ops.unstack(ops.gather(self.table, self._slot_indices[slot], 1).reshape((5,)))
+        return ops.unstack(ops.gather(self.table, self._slot_indices[slot], 1).reshape((ROWS,)))
 
     def _rows(self):
         """The table's rows, indexed by the row constants (``rows[STAGE]``, ...)."""
@@ -165,20 +165,14 @@ class OptimizerStates(nn.Cell):
         """Whether the slot's stage is UNSCALED."""
         return column[STAGE] == self._unscaled
 
-    def with_loss(self, flag, column):
-        """``flag`` (float32, 0 when clean) plus this rank's non-finite-loss record of this iteration (0 or 1):
-        what the core all-reduces, so every rank takes the same decision."""
-        return flag + column[LOSS_NONFINITE]
-
     def found_after_unscale(self, column, overflow):
-        """step() after unscale_(): what unscale_() found, or ``overflow`` (a bool: the given gradients or the
-        loss now being non-finite on some rank), as float32 0/1."""
+        """step() after unscale_(): what unscale_() found, or ``overflow`` (a bool: the given gradients now
+        being non-finite on some rank), as float32 0/1."""
         return ops.maximum(column[FOUND_INF], ops.cast(overflow, mstype.float32))
 
     def any_found(self):
-        """float32, non-zero if any optimizer (or the loss) overflowed since the last update() on this rank."""
-        rows = self._rows()
-        return _reduce_max(ops.maximum(rows[FOUND_INF], rows[LOSS_NONFINITE]))
+        """float32, non-zero if any optimizer's gradients overflowed since the last update() on this rank."""
+        return _reduce_max(self._rows()[FOUND_INF])
 
     # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
     def refuse_unscale(self, column):
@@ -241,14 +235,9 @@ class OptimizerStates(nn.Cell):
         """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
         return ops.assign(self.table, ops.select(where, ops.broadcast_to(values, self.table.shape), self.table))
 
-    def record_loss(self, loss_flag):
-        """A non-finite scaled loss this iteration makes every later decision an overflow."""
-        bad = ops.select(ops.isfinite(loss_flag), self._zero, self._one)
-        return self._write(ops.logical_and(self._loss_row, bad > self._zero), bad)
-
     def record_unscale(self, slot, found, fingerprint, structure):
-        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32),
-                            self._zero)).reshape((5, 1))
+        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32))).reshape(
+            (ROWS, 1))
         return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
 
     def record_step(self, slot, found, code, ends_iteration=None):
@@ -260,7 +249,7 @@ class OptimizerStates(nn.Cell):
         not a record followed by a reset: MindSpore 2.10 failed to compile that pair ("Cannot join the
         return values of different branches") when the gradients were an input of the compiled function."""
         refused = code != self._no_misuse
-        values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((5, 1))
+        values = ops.stack((self._stepped, found, self._zero, self._zero)).reshape((ROWS, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
         table = ops.select(where, ops.broadcast_to(values, self.table.shape), self.table)
         if ends_iteration is not None:
@@ -276,5 +265,4 @@ class OptimizerStates(nn.Cell):
     # ---- host ----------------------------------------------------------------------------------
     def between_iterations(self):
         """True when no unscale_() or step() happened since the last update() (one host sync)."""
-        table = self.table.asnumpy()
-        return not table[STAGE].any() and not table[LOSS_NONFINITE].any()
+        return not self.table.asnumpy()[STAGE].any()

@@ -53,6 +53,7 @@ Example:
 import os
 
 from mindspore import Tensor, nn, ops
+from mindspore.ops import functional as F
 from mindspore.common import dtype as mstype
 from mindspore.common.sparse_tensor import RowTensorInner
 
@@ -144,6 +145,7 @@ _FINGERPRINT_WEIGHT = 2.0**-64
 # Tensor constants, not Python floats: MindSpore 2.10's specializer intermittently fails ("Fail to get eval
 # result ... muls") when its shared Tensor-times-Python-float graph meets different constants across call sites.
 _ZERO = Tensor(0.0, mstype.float32)
+_NAN = Tensor(float("nan"), mstype.float32)
 _FINGERPRINT = Tensor(_FINGERPRINT_WEIGHT, mstype.float32)
 
 
@@ -240,6 +242,27 @@ def _none_nonfinite_probe(grad):
     return Tensor(0.0, mstype.float32)
 
 
+_constant_probe = ops.MultitypeFuncGraph("_constant_probe")
+
+
+@_constant_probe.register("Tensor")
+def _tensor_constant_probe(grad):
+    """:func:`_tensor_nonfinite_probe` for a constant gradient: 0 if every value is finite, else nan."""
+    if is_empty(grad):
+        return _ZERO
+    return ops.select(ops.isfinite(grad).all(), _ZERO, _NAN)
+
+
+@_constant_probe.register("RowTensor")
+def _row_tensor_constant_probe(grad):
+    return _tensor_constant_probe(grad.values)
+
+
+@_constant_probe.register("None")
+def _none_constant_probe(grad):
+    return _ZERO
+
+
 _fingerprint = ops.MultitypeFuncGraph("_fingerprint")
 
 
@@ -319,9 +342,23 @@ def nonfinite_indicator(hyper_map, grads):
     """A float32 scalar that is 0 when every gradient is finite and nan otherwise (graph mode).
 
     Large gradients are reduced to one GEMV row each; each row or small gradient then gives
-    ``reduce_sum(v * 0)``, and those scalars are added.
+    ``reduce_sum(v * 0)``, and those scalars are added. Constant gradients go through
+    ``isfinite`` instead (:func:`_is_constant`).
     """
+    if _is_constant(grads):
+        return _total(hyper_map(_constant_probe, grads))
     return _total(hyper_map(_nonfinite_probe, grads))
+
+
+def _is_constant(grads):
+    """Whether ``grads`` is a compile-time constant: a tuple of Tensors given to a compiled function or Cell
+    without ``mindspore.mutable``, and every value outside a graph (eager calls).
+
+    MindSpore 2.10 folds arithmetic on such a constant at compile time and can lose a nan on the way
+    (measured: ``reduce_sum(g * 0)`` of ``[[nan, 1.0]]`` folds to 0, ``g * 2**-64`` drops the nan), so the
+    multiply-by-zero probes would miss it; ``isfinite`` folds correctly. Decided at trace time, outside
+    ``HyperMap``, where ``isconstant`` of an element is always False."""
+    return F.isconstant(grads)
 
 
 def any_nonfinite(hyper_map, grads):
@@ -336,9 +373,13 @@ def fingerprint(hyper_map, grads):
     Finite iff every gradient is finite (finite values times 2**-64 cannot overflow when
     summed). Deterministic for the same values, so two calls on the same gradients give
     the same number; :class:`lossscale.GradScaler` uses it to recognise gradients it has
-    already seen.
+    already seen. For constant gradients (:func:`_is_constant`) it is nan when any value is
+    not finite, whatever the folded sum says.
     """
-    return _total(hyper_map(_fingerprint, grads))
+    total = _total(hyper_map(_fingerprint, grads))
+    if _is_constant(grads):
+        return total + nonfinite_indicator(hyper_map, grads)
+    return total
 
 
 _nonfinite_flag = ops.MultitypeFuncGraph("_nonfinite_flag")

@@ -5,7 +5,7 @@ The core owns the scale (a float32 Parameter), the update rule (an update cell) 
 backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph code
 (usable eagerly, inside ``construct`` and inside ``mindspore.jit``) unless marked host::
 
-    scaled = core.scale(outputs)          # each loss promoted to >= float32, times S
+    scaled = core.scale(outputs)          # each loss promoted to >= float32, times S (nan if not finite)
     sens = core.sens(loss)                # S in the loss dtype: the sens (backward input) of loss * S
     grads = core.unscale(grads)           # g * (1/S) in float32 (float64 for float64 g), in g's dtype
     status, x = core.start(pre_cond, x)   # the check's pre-backward step (Ascend: clear the register)
@@ -63,14 +63,20 @@ def _promote(scale, output):
 
 def _scale_tree(scale, tree, before_backward):
     """:func:`_promote` on every tensor of a nested tuple/list, keeping tuples and lists (as PyTorch does);
-    each loss first goes through the check's ``before_backward`` (identity but on Ascend saturation mode)."""
+    each loss first goes through the check's ``before_backward`` (identity but on Ascend saturation mode).
+
+    Each loss is multiplied by ``S + stop_gradient(0 or nan)``: exactly S while the loss is finite, nan
+    when it is not, so every gradient computed from a non-finite loss is nan and the step it feeds is
+    skipped by the usual check. The decision travels with those gradients and nothing is recorded: a
+    batch the caller drops by hand leaves no trace in the next iteration."""
     if isinstance(tree, (tuple, list)):
         scaled = ()
         for item in tree:
             scaled = scaled + (_scale_tree(scale, item, before_backward),)
         return list(scaled) if isinstance(tree, list) else scaled
     _check_loss(tree)
-    return _promote(scale, before_backward(tree))
+    loss = before_backward(tree)
+    return _promote(scale + ops.stop_gradient(_overflow.zero_or_nan(loss)), loss)
 
 
 def _check_loss(loss):
@@ -229,6 +235,9 @@ class LossScaler(nn.Cell):
     # ---- graph methods ------------------------------------------------------------------------
     def scale(self, outputs, scale=None):
         """Each tensor of ``outputs`` (a Tensor or a nested tuple/list) promoted to >= float32, times S.
+
+        A loss that is not finite is multiplied by nan instead: every gradient computed from it is nan,
+        so the step those gradients feed counts as an overflow (its scaled value reads nan).
 
         On Ascend saturation mode the float-status register is cleared when the backward pass of
         the scaled loss begins (after the forward pass), so what gets checked is that backward pass.

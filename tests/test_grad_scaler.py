@@ -9,6 +9,7 @@ regression test per defect of the 0.1.0 front-end.
 import gc
 import inspect
 import pickle
+import warnings
 
 import mindspore as ms
 import numpy as np
@@ -628,6 +629,77 @@ def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form)
     eager, compiled = train(False), train(True)
     assert eager[0] == [False, True, False]
     assert compiled == eager
+
+
+def _front_end(kind):
+    """``(net, scale_loss, apply, get_scale)`` for a Dense(2, 1) with SGD(0.1) under a GradScaler spelling or a
+    LossScaleOptimizer, all starting at the scale 1024 (``apply(grads)`` returns the skip flag)."""
+    net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+    sgd = nn.SGD(net.trainable_params(), 0.1)
+    if kind == "keras":
+        opt = LossScaleOptimizer(sgd, initial_scale=1024.0)
+
+        def apply_keras(grads):
+            return opt.apply_gradients(opt.get_unscaled_gradients(grads))
+
+        return net, opt.get_scaled_loss, apply_keras, lambda: float(opt.loss_scale.asnumpy())
+    scaler = GradScaler(init_scale=1024.0) if kind == "torch" else GradScaler(init_loss_scaling=1024.0)
+
+    def apply(grads):
+        skipped = scaler.step(sgd, grads)
+        scaler.update()
+        return skipped
+
+    return net, scaler.scale, apply, scaler.get_scale
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("kind", ["torch", "paddle", "keras"])
+def test_a_batch_dropped_after_a_non_finite_loss_leaves_no_trace(kind, compiled):
+    """The usual guard "loss not finite: skip this batch" (no step, no update). The front-ends recorded the
+    non-finite loss, so the next, clean step was skipped and the scale backed off; PyTorch, Paddle and Keras
+    apply it. A non-finite loss now makes its own gradients nan instead."""
+    net, scale_loss, apply, get_scale = _front_end(kind)
+
+    def forward(x):
+        return scale_loss(net(x).sum())
+
+    grad_fn = ms.value_and_grad(forward, None, net.trainable_params())
+    grad_fn = ms.jit(grad_fn) if compiled else grad_fn
+    loss, _ = grad_fn(Tensor(np.array([[np.inf, 1.0]], np.float32)))
+    assert not np.isfinite(loss.asnumpy())  # dropped by hand
+    _, grads = grad_fn(Tensor(np.ones((1, 2), np.float32)))
+    assert not bool(apply(grads).asnumpy())
+    assert net.weight.asnumpy().tolist() == [[0.8999999761581421, 0.8999999761581421]] and get_scale() == 1024.0
+
+
+@pytest.mark.parametrize("kind", ["torch", "paddle", "keras"])
+def test_nan_gradients_given_as_a_plain_tuple_are_skipped(kind):
+    """A plain tuple of Tensors given to a compiled function (or, for LossScaleOptimizer, to its apply Cell from
+    Python) is a compile-time constant, and MindSpore 2.10's constant folding turned the check of
+    ``[[nan, 1.0]]`` into 0: LossScaleOptimizer.apply_gradients applied nan gradients eagerly, and so did every
+    front-end in a compiled function taking the gradients as an argument."""
+    for compiled in (False, True):
+        net, scale_loss, apply, _ = _front_end(kind)
+        step = ms.jit(apply) if compiled else apply
+        for bad in ([[np.nan, 1.0]], [[1.0, np.nan]], [[np.nan, np.nan]]):
+            scale_loss(Tensor(np.float32(1.0)))  # LossScaleOptimizer checks that the loss of these was scaled
+            grads = (Tensor(np.array(bad, np.float32) * 1024), Tensor(np.full(1, 1024.0, np.float32)))
+            assert bool(step(grads).asnumpy()), (compiled, bad)
+            assert net.weight.asnumpy().tolist() == [[1.0, 1.0]] and net.bias.asnumpy().tolist() == [0.0]
+
+
+def test_loss_scale_optimizer_called_from_python_compiles_once():
+    """From Python its apply Cell got the gradients as a constant tuple: a compilation per call (0.3 s here)."""
+    net = nn.Dense(2, 1)
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no scaling calls: the warning of apply_gradients
+        for value in (1.0, 2.0, 3.0):
+            grads = (Tensor(np.full((1, 2), value, np.float32)), Tensor(np.ones(1, np.float32)))
+            opt.apply_gradients(grads)
+            opt(grads)
+    assert len(opt._apply_step.compile_cache) == 1 and len(opt.compile_cache) == 1  # pylint: disable=protected-access
 
 
 def _misuse_cases(scaler, opt, grad_fn):
