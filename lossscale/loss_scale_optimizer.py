@@ -214,8 +214,9 @@ class LossScaleOptimizer(nn.Cell):
 
     Calling the wrapper (or :meth:`apply_gradients`) with *unscaled* gradients applies them
     unless one is inf/nan (as every gradient of a non-finite scaled loss is), then updates the
-    scale; it returns True when the step was skipped. Hyperparameters (``learning_rate``, ``beta1``, ``parameters``,
-    ...) are read from the inner optimizer; ``learning_rate`` (alias ``lr``) can be set.
+    scale; it returns True when the step was skipped. Hyperparameters (``learning_rate``,
+    ``beta1``, ``parameters``, ...) are read from the inner optimizer; ``learning_rate`` (alias
+    ``lr``) can be set.
 
     Example:
         >>> from mindspore import nn

@@ -9,9 +9,9 @@ Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerp
 scaled gradients ``unscale_()`` was given and their structure live in one float32 Parameter
 (``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
 calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
-non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table keeps the bookkeeping to a few
-whole-Parameter writes per call, which MindSpore's CPU runtime launches much faster than many
-small ones. A misuse is refused before anything is applied; inside a compiled graph the refusal
+non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table
+keeps the bookkeeping to a few whole-Parameter writes per call, which MindSpore's CPU runtime
+launches much faster than many small ones. A misuse is refused before anything is applied; inside a compiled graph the refusal
 is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal one. ``step()``'s
 refusals sit in the branch that skips the optimizer, so a correct step pays no extra control flow.
 
