@@ -702,6 +702,27 @@ def test_loss_scale_optimizer_called_from_python_compiles_once():
     assert len(opt._apply_step.compile_cache) == 1 and len(opt.compile_cache) == 1  # pylint: disable=protected-access
 
 
+def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_refused():
+    """A documented limitation (docs/migration.md): with explicit keys and identical parameter shapes, step() of
+    an optimizer that was not unscaled is refused while another key's gradients are unscaled and not yet
+    stepped, since the gradients given could be those (PyTorch tells optimizers apart by identity and allows
+    this order). Nothing is applied; stepping the unscaled key first works."""
+    nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros") for _ in range(2)]
+    opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    grads = [(Tensor(np.full((1, 2), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
+             for k in (1, 2)]
+    unscaled_a = scaler.unscale_(grads[0], key="a")
+    with pytest.raises(RuntimeError, match="shaped like the ones unscale_\\(\\) returned for another key"):
+        scaler.step(opts[1], grads[1], key="b")
+    assert nets[1].weight.asnumpy().tolist() == [[1.0, 1.0]]
+    assert not bool(scaler.step(opts[0], unscaled_a, key="a").asnumpy())
+    assert not bool(scaler.step(opts[1], grads[1], key="b").asnumpy())
+    scaler.update()
+    assert nets[0].weight.asnumpy().tolist() == [[0.8999999761581421, 0.8999999761581421]]
+    assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929, 0.800000011920929]]
+
+
 def _misuse_cases(scaler, opt, grad_fn):
     def dropped_returned_gradients(x, y):
         _, grads = grad_fn(x, y)

@@ -106,6 +106,48 @@ def test_the_same_errors_as_pytorch():
             scaler.load_state_dict({})
 
 
+class TwoModels:
+    """Two bias-free Linear models with ``weights`` trained on one summed MSE loss, side by side: in torch (SGD,
+    ``torch.amp.GradScaler("cpu", **scaler_args)``) and in MindSpore (SGD, ``GradScaler("cuda", **scaler_args)``,
+    ``grad_fn`` of the scaled loss). ``prefix`` keeps the MindSpore Parameter names unique in one graph."""
+
+    def __init__(self, weights, prefix, **scaler_args):
+        self.models = [torch.nn.Linear(4, w.shape[0], bias=False) for w in weights]
+        for model, w in zip(self.models, weights):
+            with torch.no_grad():
+                model.weight.copy_(torch.from_numpy(w))
+        self.torch_opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in self.models]
+        self.torch_scaler = torch.amp.GradScaler("cpu", **scaler_args)
+        self.nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
+        for index, net in enumerate(self.nets):
+            net.weight.name = f"{prefix}{index}.weight"
+        self.opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"{prefix}_opt{i}")
+                     for i, n in enumerate(self.nets)]
+        self.scaler = scaler = GradScaler("cuda", **scaler_args)
+        nets, mse = self.nets, nn.MSELoss()
+
+        def forward(x, y0, y1):
+            return scaler.scale(mse(nets[0](x), y0) + mse(nets[1](x), y1))
+
+        self.grad_fn = ms.value_and_grad(forward, None, self.opts[0].parameters + self.opts[1].parameters)
+
+    def torch_backward(self, x, y0, y1):
+        """zero_grad, then backward of the scaled loss in torch."""
+        for opt in self.torch_opts:
+            opt.zero_grad()
+        tx = torch.from_numpy(x)
+        loss = (torch.nn.functional.mse_loss(self.models[0](tx), torch.from_numpy(y0))
+                + torch.nn.functional.mse_loss(self.models[1](tx), torch.from_numpy(y1)))
+        self.torch_scaler.scale(loss).backward()
+
+    def assert_same(self, label):
+        """The same scale and weights in both frameworks."""
+        assert self.scaler.get_scale() == self.torch_scaler.get_scale(), label
+        for net, model in zip(self.nets, self.models):
+            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6,
+                                       err_msg=label)
+
+
 def test_two_optimizers_one_overflowing_as_pytorch():
     """PyTorch's test_grad_scaling_multiple: the optimizer whose gradients hold an inf skips, the other steps,
     and update() backs off once. The inf is put into one gradient after backward (a finite loss)."""
@@ -115,24 +157,8 @@ def test_two_optimizers_one_overflowing_as_pytorch():
     batches = [(rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32),
                 rng.randn(8, 2).astype(np.float32)) for _ in range(6)]
 
-    models = [torch.nn.Linear(4, w.shape[0], bias=False) for w in weights]
-    for model, w in zip(models, weights):
-        with torch.no_grad():
-            model.weight.copy_(torch.from_numpy(w))
-    torch_opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
-    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
-
-    nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
-    for index, net in enumerate(nets):
-        net.weight.name = f"model{index}.weight"  # one graph needs unique Parameter names
-    opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"opt{i}") for i, n in enumerate(nets)]
-    scaler = GradScaler("cuda", init_scale=2.0**10, growth_interval=2)
-    mse = nn.MSELoss()
-
-    def forward(x, y0, y1):
-        return scaler.scale(mse(nets[0](x), y0) + mse(nets[1](x), y1))
-
-    grad_fn = ms.value_and_grad(forward, None, opts[0].parameters + opts[1].parameters)
+    pair = TwoModels(weights, "model", init_scale=2.0**10, growth_interval=2)
+    scaler, opts, grad_fn = pair.scaler, pair.opts, pair.grad_fn
 
     @ms.jit
     def train_step(x, y0, y1, poison):
@@ -143,24 +169,16 @@ def test_two_optimizers_one_overflowing_as_pytorch():
         return skipped
 
     for i, (x, y0, y1) in enumerate(batches):
-        for opt in torch_opts:
-            opt.zero_grad()
-        tx = torch.from_numpy(x)
-        loss = (torch.nn.functional.mse_loss(models[0](tx), torch.from_numpy(y0))
-                + torch.nn.functional.mse_loss(models[1](tx), torch.from_numpy(y1)))
-        torch_scaler.scale(loss).backward()
+        pair.torch_backward(x, y0, y1)
         if i in poisoned:
-            models[1].weight.grad[0, 0] = float("inf")
-        for opt in torch_opts:
-            torch_scaler.step(opt)
-        torch_scaler.update()
+            pair.models[1].weight.grad[0, 0] = float("inf")
+        for opt in pair.torch_opts:
+            pair.torch_scaler.step(opt)
+        pair.torch_scaler.update()
         skipped = train_step(Tensor(x), Tensor(y0), Tensor(y1), Tensor(i in poisoned))
         assert [bool(s.asnumpy()) for s in skipped] == [False, i in poisoned], i
-        assert scaler.get_scale() == torch_scaler.get_scale(), i
-        for net, model in zip(nets, models):
-            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6,
-                                       err_msg=str(i))
-    assert scaler.state_dict() == torch_scaler.state_dict()
+        pair.assert_same(str(i))
+    assert scaler.state_dict() == pair.torch_scaler.state_dict()
 
 
 
@@ -203,25 +221,9 @@ def test_random_iterations_with_two_optimizers_as_pytorch():
     or compiled. Found the false "step() got the scaled gradients" refusal of an inf after unscale_."""
     rng = np.random.RandomState(11)
     shapes = [(3, 4), (2, 4)]
-    weights = [rng.randn(*shape).astype(np.float32) for shape in shapes]
-    models = [torch.nn.Linear(4, w.shape[0], bias=False) for w in weights]
-    for model, w in zip(models, weights):
-        with torch.no_grad():
-            model.weight.copy_(torch.from_numpy(w))
-    torch_opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
-    torch_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
-
-    nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
-    for index, net in enumerate(nets):
-        net.weight.name = f"random{index}.weight"
-    opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"random_opt{i}") for i, n in enumerate(nets)]
-    scaler = GradScaler("cuda", init_scale=2.0**8, growth_interval=2)
-    mse = nn.MSELoss()
-
-    def forward(x, y0, y1):
-        return scaler.scale(mse(nets[0](x), y0) + mse(nets[1](x), y1))
-
-    grad_fn = ms.value_and_grad(forward, None, opts[0].parameters + opts[1].parameters)
+    pair = TwoModels([rng.randn(*shape).astype(np.float32) for shape in shapes], "random", init_scale=2.0**8,
+                     growth_interval=2)
+    scaler, opts, grad_fn = pair.scaler, pair.opts, pair.grad_fn
 
     def make_step(unscale, after, order):
         def train_step(x, y0, y1, poison0, poison1):
@@ -247,33 +249,24 @@ def test_random_iterations_with_two_optimizers_as_pytorch():
         unscale = (bool(rng.rand() < 0.5), bool(rng.rand() < 0.5))
         after = ("none", "nan_to_num", "clip")[rng.randint(3)]
         order = (0, 1) if rng.rand() < 0.5 else (1, 0)
-        for opt in torch_opts:
-            opt.zero_grad()
-        tx = torch.from_numpy(x)
-        loss = (torch.nn.functional.mse_loss(models[0](tx), torch.from_numpy(y0))
-                + torch.nn.functional.mse_loss(models[1](tx), torch.from_numpy(y1)))
-        torch_scaler.scale(loss).backward()
-        for model, poison, opt, k in zip(models, poisons, torch_opts, (0, 1)):
+        pair.torch_backward(x, y0, y1)
+        for model, poison, opt, k in zip(pair.models, poisons, pair.torch_opts, (0, 1)):
             with torch.no_grad():
                 model.weight.grad.add_(torch.from_numpy(poison))
             if unscale[k]:
-                torch_scaler.unscale_(opt)
+                pair.torch_scaler.unscale_(opt)
                 with torch.no_grad():
                     if after == "nan_to_num":
                         model.weight.grad.nan_to_num_(0.0, 1.0, -1.0)
                     elif after == "clip":
                         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         for k in order:
-            torch_scaler.step(torch_opts[k])
-        torch_scaler.update()
+            pair.torch_scaler.step(pair.torch_opts[k])
+        pair.torch_scaler.update()
 
         step = make_step(unscale, after, order)
         if rng.rand() < 0.7:
             step = compiled.setdefault((unscale, after, order), ms.jit(step))
         step(*(Tensor(a) for a in (x, y0, y1, *poisons)))
-        label = f"iteration {i}: unscale_ {unscale}, then {after}, order {order}"
-        assert scaler.get_scale() == torch_scaler.get_scale(), label
-        for net, model in zip(nets, models):
-            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=3e-5, atol=1e-6,
-                                       err_msg=label)
-    assert scaler.state_dict() == torch_scaler.state_dict()
+        pair.assert_same(f"iteration {i}: unscale_ {unscale}, then {after}, order {order}")
+    assert scaler.state_dict() == pair.torch_scaler.state_dict()
