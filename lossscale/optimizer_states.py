@@ -5,15 +5,16 @@ Per optimizer slot, between two ``update()`` calls::
     READY --unscale_()--> UNSCALED --step()--> STEPPED        (step() from READY unscales itself)
     unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
 
-Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the
-scaled gradients ``unscale_()`` was given and their structure live in one float32 Parameter
+Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the scaled
+gradients ``unscale_()`` was given and their structure live in one float32 Parameter
 (``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
 calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
 non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table
 keeps the bookkeeping to a few whole-Parameter writes per call, which MindSpore's CPU runtime
-launches much faster than many small ones. A misuse is refused before anything is applied; inside a compiled graph the refusal
-is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal one. ``step()``'s
-refusals sit in the branch that skips the optimizer, so a correct step pays no extra control flow.
+launches much faster than many small ones. A misuse is refused before anything is applied; inside a
+compiled graph the refusal is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal
+one. ``step()``'s refusals sit in the branch that skips the optimizer, so a correct step pays no
+extra control flow.
 
 A slot is chosen per *key* at trace time: an explicit ``key`` (an int or str constant), or by
 default the structure of the gradients (their shapes and dtypes), which is the same for
@@ -42,7 +43,7 @@ READY, UNSCALED, STEPPED = 0, 1, 2
 STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
 # rows of the iteration table
 STAGE, FOUND_INF, FINGERPRINT, STRUCTURE = range(4)
-ROWS = 4
+ROWS = STRUCTURE + 1
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
 _INSTANCES = itertools.count()
@@ -231,9 +232,14 @@ class OptimizerStates(nn.Cell):
         return self.table
 
     # ---- graph: records (one whole-table write each) ---------------------------------------------
+    @staticmethod
+    def _written(table, where, values):
+        """``table`` with ``values`` (broadcast to it) where ``where`` is True."""
+        return ops.select(where, ops.broadcast_to(values, table.shape), table)
+
     def _write(self, where, values):
         """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
-        return ops.assign(self.table, ops.select(where, ops.broadcast_to(values, self.table.shape), self.table))
+        return ops.assign(self.table, self._written(self.table, where, values))
 
     def record_unscale(self, slot, found, fingerprint, structure):
         values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32))).reshape(
@@ -251,10 +257,10 @@ class OptimizerStates(nn.Cell):
         refused = code != self._no_misuse
         values = ops.stack((self._stepped, found, self._zero, self._zero)).reshape((ROWS, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
-        table = ops.select(where, ops.broadcast_to(values, self.table.shape), self.table)
+        table = self._written(self.table, where, values)
         if ends_iteration is not None:
             cleared = ops.logical_and(self._iteration_rows, ops.logical_and(ends_iteration, ops.logical_not(refused)))
-            table = ops.select(cleared, ops.zeros_like(table), table)
+            table = self._written(table, cleared, self._zero)
         done = ops.assign(self.table, table)
         return ops.depend(ops.logical_or(refused, found > self._zero), done)
 
