@@ -25,7 +25,8 @@ from lossscale import (
 )
 from lossscale.policy import run
 from lossscale.train_cell import INT32_MAX, PersistentOverflowError
-from nets import GradCapture, LossPlusInput, regression_batches, regression_net, snapshot, training_state
+from nets import (GradCapture, LossPlusInput, regression_batches, regression_net, snapshot, train_calls,
+                  training_state)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -407,6 +408,48 @@ def test_overridden_get_overflow_status_is_honoured():
     before = training_state(step)
     assert bool(step(*_tensors(regression_batches(1)[0]))[1].asnumpy())
     assert all(np.array_equal(v, training_state(step)[k]) for k, v in before.items())
+
+
+_scale_gradient = ops.MultitypeFuncGraph("_scale_gradient")
+
+
+@_scale_gradient.register("Tensor", "Tensor")
+def _tensor_scale_gradient(scale, grad):
+    return grad * ops.cast(ops.Reciprocal()(scale), ops.dtype(grad))
+
+
+class MindSporeBody(TrainOneStepWithLossScaleCell):
+    """A subclass with the ``construct`` of MindSpore's own cell, as model-zoo cells copy it."""
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        scaling_sens = self.scale_sense
+        status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
+        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+        grads = self.grad(self.network, self.weights)(*inputs, scaling_sens_filled)
+        grads = self.hyper_map(ops.partial(_scale_gradient, scaling_sens), grads)
+        grads = self.grad_reducer(grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, cond, scaling_sens
+
+
+def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
+    """MindSpore's construct body, written against our cell, runs on CPU with our check and update cell: the
+    same decisions, scales and (float32) weights as our own construct. It gets what its body calls: no counters."""
+    policy = dict(init_loss_scale=2**10, scale_factor=2, scale_window=2)
+    runs = []
+    for cls in (TrainOneStepWithLossScaleCell, MindSporeBody):
+        net = regression_net()
+        step = cls(net, nn.SGD(net.trainable_params(), 0.05), DynamicLossScaleManager(**policy).get_update_cell())
+        runs.append((step, train_calls(step, regression_batches(7), inject={1, 4, 5})))
+    (ours, ours_run), (theirs, theirs_run) = runs
+    assert theirs_run[1:] == ours_run[1:] == ([False, True, False, False, True, True, False],
+                                              [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
+    assert all(np.array_equal(v, training_state(theirs)[k]) for k, v in training_state(ours).items())
+    assert theirs.overflow_counters()["steps"] == 0 and ours.overflow_counters()["skipped_steps"] == 3
 
 
 # ---- property-based invariants -----------------------------------------------------------------------------
