@@ -1,4 +1,4 @@
-"""Host-side writes to Parameters that compiled graphs keep seeing.
+"""Host-side writes to Parameters that compiled graphs keep seeing, and reads that also work in graphs.
 
 On MindSpore 2.10, ``Parameter.set_data`` (and ``assign_value``) after a ``mindspore.jit``
 function using the Parameter was compiled gives the Parameter a new buffer while the compiled
@@ -8,6 +8,7 @@ writes in place, so every host-side write of lossscale's state goes through :fun
 """
 import numpy as np
 from mindspore import Tensor, ops
+from mindspore.ops import functional as F
 
 
 def write_parameter(parameter, value):
@@ -21,3 +22,21 @@ def write_parameter(parameter, value):
     """
     array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
     ops.assign(parameter, Tensor(np.array(np.broadcast_to(array, parameter.shape)), parameter.dtype))
+
+
+def read_scalar(parameter):
+    """A one-value Parameter's value: eagerly a Python float (one host sync); inside a compiled function
+    (``mindspore.jit``, a Cell's ``construct``) a scalar Tensor read when the graph runs (no sync), so that
+    arithmetic on it follows the Parameter instead of freezing the value it had at compile time.
+
+    Which of the two is decided at trace time: outside a graph every value is a constant, inside one a
+    Parameter never is.
+
+    Example:
+        >>> from mindspore import Parameter
+        >>> read_scalar(Parameter(Tensor(np.float32(2.0)), name="doc_read"))
+        2.0
+    """
+    if F.isconstant(parameter):
+        return float(parameter.asnumpy().reshape(-1)[0])
+    return parameter.reshape(())

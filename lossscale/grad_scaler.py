@@ -36,8 +36,9 @@ flag, the loss, ``get_scale()``); nothing after the refusal in that call runs.
 
 Per-method host syncs: none for ``scale``, ``unscale_``, ``step``, ``update`` and
 ``minimize`` inside ``mindspore.jit``; run eagerly, ``step`` reads the optimizer's stage and
-skip decision (two scalars) to branch, like PyTorch's ``step``. ``get_scale``,
-``get_loss_scaling``, ``get_state`` and ``state_dict`` read the device; setters and
+skip decision (two scalars) to branch, like PyTorch's ``step``. ``get_scale`` and
+``get_loss_scaling`` read the device when called eagerly (inside ``mindspore.jit`` they are graph
+reads, no sync); ``get_state`` and ``state_dict`` read the device; setters and
 ``load_state_dict`` write it. In a parallel mode (data parallel under ``msrun``) ``unscale_``,
 ``step`` and ``update`` each all-reduce one float32 scalar, so every rank takes the same
 decision, also when a loss is non-finite on one rank only; the gradients themselves are
@@ -348,12 +349,15 @@ class GradScaler:
         return self._enabled and self._core.dynamic
 
     def get_scale(self):
-        """The current scale as a Python float (one host sync); 1.0 when disabled."""
+        """The current scale: eagerly a Python float (one host sync); inside a compiled function a float32
+        scalar Tensor read when the graph runs, so PyTorch's ``inv_scale = 1. / scaler.get_scale()`` (its
+        gradient-penalty recipe) follows the scale there too. 1.0 when disabled."""
         return self._core.get_scale() if self._enabled else 1.0
 
     def get_loss_scaling(self):
-        """The current scale as a float32 Tensor (Paddle; one host sync)."""
-        return Tensor(np.float32(self.get_scale()))
+        """The current scale as a float32 Tensor (Paddle; eagerly one host sync, a graph read when compiled)."""
+        scale = self.get_scale()
+        return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
 
     def get_state(self):
         """The rule's state (:class:`lossscale.policy.LossScaleState`), read from the device."""

@@ -314,8 +314,9 @@ class LossScaleOptimizer(nn.Cell):
     # ---- properties ------------------------------------------------------------------------------
     @property
     def loss_scale(self):
-        """The current loss scale as a float32 scalar Tensor (one host sync)."""
-        return Tensor(np.float32(self._core.get_scale()))
+        """The current loss scale as a float32 scalar Tensor (eagerly one host sync, a graph read when compiled)."""
+        scale = self._core.get_scale()
+        return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
 
     @property
     def dynamic(self):

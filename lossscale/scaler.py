@@ -13,7 +13,8 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
     flag = flag + core.loss_flag(loss)    # a non-finite loss is an overflow too (0 or nan)
     overflow = core.is_overflow(flag)     # all-reduced first in any parallel mode: ranks agree
     core.adjust(overflow)                 # the update rule: back off / grow (no-op for a fixed scale)
-    core.state_dict(), core.load_state_dict(state), core.get_scale(), core.set_scale(v)   # host
+    core.state_dict(), core.load_state_dict(state), core.set_scale(v)                     # host
+    core.get_scale()                      # host (a float); inside a compiled function a graph read (a Tensor)
 
 Why promote in :meth:`scale` and not in :meth:`sens`: the gradient of
 ``float32(loss) * S`` reaching a float16 loss is ``float16(S)``, exactly the sens
@@ -46,7 +47,7 @@ from mindspore.context import ParallelMode
 
 from lossscale import overflow as _overflow
 from lossscale._naming import check_name
-from lossscale._parameters import write_parameter
+from lossscale._parameters import read_scalar, write_parameter
 from lossscale._validation import check_bool, positive_float32
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
@@ -158,7 +159,7 @@ class LossScaler(nn.Cell):
 
     The scale Parameter has the shape of a Tensor ``rule`` (``()`` or ``(1,)``), else ``()``.
 
-    Host syncs: :meth:`get_scale`, :meth:`state_dict` read the device; :meth:`set_scale`,
+    Host syncs: :meth:`get_scale` (called eagerly) and :meth:`state_dict` read the device; :meth:`set_scale`,
     :meth:`load_state_dict` and :meth:`set_rule` write it. The graph methods never sync.
 
     Example (one step of a custom loop; a front-end adds only its framework's API to this):
@@ -310,8 +311,9 @@ class LossScaler(nn.Cell):
         return getattr(self.update_cell, "dynamic", True)
 
     def get_scale(self):
-        """The scale the device holds, as a Python float (one host sync)."""
-        return float(self.scale_value.asnumpy().reshape(-1)[0])
+        """The scale the device holds: eagerly a Python float (one host sync); inside a compiled function a
+        float32 scalar Tensor read when the graph runs (:func:`lossscale._parameters.read_scalar`)."""
+        return read_scalar(self.scale_value)
 
     def set_scale(self, value):
         """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""

@@ -216,9 +216,21 @@ def test_multiple_models_optimizers_and_losses():
             np.testing.assert_allclose(p.asnumpy(), c.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=p.name)
 
 
-def test_gradient_penalty():
-    """PyTorch's test_grad_scaling_penalty: a penalty on the (unscaled) gradient norm, computed from the
-    scaled loss's gradients, gives the same training as without scaling."""
+@pytest.fixture(params=["graph_mode", "jit", "pynative"])
+def run_mode(request):
+    """How a training step runs: ``value_and_grad`` called from Python in GRAPH_MODE (which compiles the
+    differentiated function), the whole step in ``mindspore.jit``, or everything eagerly in PYNATIVE_MODE."""
+    if request.param == "pynative":
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield request.param
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def test_gradient_penalty(run_mode):
+    """PyTorch's test_grad_scaling_penalty, written as PyTorch's recipe (``inv_scale = 1. / scaler.get_scale()``):
+    a penalty on the (unscaled) gradient norm, computed from the scaled loss's gradients, gives the same
+    training as without scaling. The scale grows on every clean iteration, so in a compiled function
+    ``get_scale()`` must read the scale when the graph runs, not when it was compiled."""
     batches = _batches()
 
     def penalised(net, scaler=None):
@@ -233,7 +245,8 @@ def test_gradient_penalty():
         def total(x, y):
             grads = inner(x, y)
             if scaler is not None:
-                grads = scaler._core.unscale(grads)   # PyTorch: grads * (1 / get_scale())
+                inv_scale = 1.0 / scaler.get_scale()
+                grads = tuple(g * inv_scale for g in grads)
             norm = ops.sqrt(sum(ops.reduce_sum(g * g) for g in grads))
             loss = net(x, y) + norm
             return loss if scaler is None else scaler.scale(loss)
@@ -244,15 +257,49 @@ def test_gradient_penalty():
     control_opt, control_fn = penalised(control_net)
     scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
     opt, scaled_fn = penalised(scaled_net, scaler)
+
+    def train_step(x, y, poisoned):
+        _, grads = scaled_fn(x, y)
+        scaler.step(opt, _poison(grads, poisoned))
+        scaler.update()
+        return scaler.get_scale()
+
+    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
+    scales = []
     for i, (x, y) in enumerate(batches):
         _, grads = control_fn(x, y)
         if i != SKIP_ITER:
             control_opt(grads)
-        _, grads = scaled_fn(x, y)
-        scaler.step(opt, _poison(grads, Tensor(i == SKIP_ITER)))
-        scaler.update()
-    assert scaler.get_scale() == 128.0 * 2.0**3 * 0.5
+        scales.append(float(train_step(x, y, Tensor(i == SKIP_ITER))))
+    assert scales == [256.0, 512.0, 256.0, 512.0]
     _same_training_state(control_net, scaled_net, rtol=1e-4, atol=1e-6)
+
+
+def test_scale_reads_in_a_compiled_function_follow_the_scale():
+    """``get_scale()``, Paddle's ``get_loss_scaling()`` and Keras' ``loss_scale`` are host reads eagerly and graph
+    reads inside ``mindspore.jit``: a scale changed after the compilation is what the next call sees."""
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=16.0), GradScaler(init_loss_scaling=8.0)
+    disabled = GradScaler("cpu", enabled=False)
+    net = nn.Dense(2, 1)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=32.0)
+
+    @ms.jit
+    def inverse_scales(one):
+        return (one / torch_scaler.get_scale(), one / paddle_scaler.get_loss_scaling(), one / keras.loss_scale,
+                one / disabled.get_scale(), one / disabled.get_loss_scaling())
+
+    def read():
+        return [float(v.asnumpy()) for v in inverse_scales(Tensor(1.0, ms.float32))]
+
+    assert read() == [1 / 16, 1 / 8, 1 / 32, 1.0, 1.0]
+    assert (torch_scaler.get_scale(), float(paddle_scaler.get_loss_scaling().asnumpy()),
+            float(keras.loss_scale.asnumpy()), disabled.get_scale()) == (16.0, 8.0, 32.0, 1.0)
+    torch_scaler.update(new_scale=4.0)
+    paddle_scaler.set_init_loss_scaling(2.0)
+    overflowed = (Tensor(np.full((1, 2), np.inf, np.float32)), Tensor(np.zeros(1, np.float32)))
+    keras.get_scaled_loss(Tensor(1.0, ms.float32))
+    keras.apply_gradients(keras.get_unscaled_gradients(overflowed))  # skipped: the scale backs off
+    assert read() == [1 / 4, 1 / 2, 1 / 16, 1.0, 1.0]
 
 
 def test_scale_will_not_overflow():
@@ -434,7 +481,7 @@ def test_trajectory_and_skips_follow_the_rule(case, compiled):
         _, grads = grad_fn(x, y)
         return scaler.minimize(opt, grads)
 
-    train_step = ms.jit(train_step) if compiled else train_step
+    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
     scales = []
     for flag, (x, y) in zip(FLAGS, regression_batches(len(FLAGS))):
         if flag:
@@ -497,7 +544,7 @@ def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
         scaler.update()
         return skipped
 
-    train_step = ms.jit(train_step) if compiled else train_step
+    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     before = training_state(net)
     assert bool(train_step(x, y, Tensor(np.float32(np.inf))).asnumpy())  # finite gradients, non-finite loss
@@ -555,7 +602,7 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
         scaler.update()
         return skipped
 
-    train_step = ms.jit(train_step) if compiled else train_step
+    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
     x, y = regression_batches(1)[0]
     x = with_inf(x)
     before = training_state(net)
