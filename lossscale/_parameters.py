@@ -24,19 +24,21 @@ def write_parameter(parameter, value):
     ops.assign(parameter, Tensor(np.array(np.broadcast_to(array, parameter.shape)), parameter.dtype))
 
 
-def read_scalar(parameter):
-    """A one-value Parameter's value: eagerly a Python float (one host sync); inside a compiled function
-    (``mindspore.jit``, a Cell's ``construct``) a scalar Tensor read when the graph runs (no sync), so that
-    arithmetic on it follows the Parameter instead of freezing the value it had at compile time.
+def read_scalar(parameter, host_value=None):
+    """A one-value Parameter's value: eagerly ``host_value`` if given (no sync), else the Parameter's value as a
+    Python float (one host sync); inside a compiled function (``mindspore.jit``, a Cell's ``construct``) a
+    scalar Tensor read when the graph runs (no sync), so that arithmetic on it follows the Parameter instead
+    of freezing the value it had at compile time.
 
     Which of the two is decided at trace time: outside a graph every value is a constant, inside one a
     Parameter never is.
 
     Example:
         >>> from mindspore import Parameter
-        >>> read_scalar(Parameter(Tensor(np.float32(2.0)), name="doc_read"))
-        2.0
+        >>> read_scalar(Parameter(Tensor(np.float32(2.0)), name="doc_read")), read_scalar(
+        ...     Parameter(Tensor(np.int32(7)), name="doc_read_int"), host_value=7)
+        (2.0, 7)
     """
     if F.isconstant(parameter):
-        return float(parameter.asnumpy().reshape(-1)[0])
+        return float(parameter.asnumpy().reshape(-1)[0]) if host_value is None else host_value
     return parameter.reshape(())
