@@ -41,7 +41,7 @@ from lossscale._validation import TypeValueError
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
+from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale, refuse_single_tensor
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -101,6 +101,7 @@ def _learning_rate_value(value):
 
 def _gradients_of(grads_and_vars):
     """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form)."""
+    refuse_single_tensor(isinstance(grads_and_vars, Tensor), "grads_and_vars")
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
         items = tuple(pair[0] for pair in items)
@@ -271,14 +272,17 @@ class LossScaleOptimizer(nn.Cell):
 
     def get_unscaled_gradients(self, grads):
         """Every gradient divided by the loss scale (in float32); None entries are passed through."""
+        refuse_single_tensor(isinstance(grads, Tensor), "grads")
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
         return unscaled
 
     def construct(self, grads):
+        refuse_single_tensor(isinstance(grads, Tensor), "grads")
         return self._apply_step(grads)
 
     def __call__(self, grads):
+        refuse_single_tensor(isinstance(grads, Tensor), "grads")  # before the warning; construct checks compiled calls
         self._iteration.warn_once_without_scaling()
         return super().__call__(_variable(grads))
 

@@ -44,6 +44,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.communication.management import GlobalComm
 from mindspore.context import ParallelMode
+from mindspore.ops import constexpr
 
 from lossscale import overflow as _overflow
 from lossscale._naming import check_name
@@ -347,6 +348,23 @@ class LossScaler(nn.Cell):
             check_fixed_state(state, self.update_cell.get_loss_scale())
         else:
             self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
+
+
+@constexpr
+def refuse_single_tensor(is_tensor, argument):
+    """TypeError when the gradients given to a front-end are one Tensor instead of a tuple or list (decided at
+    trace time inside a graph: ``is_tensor`` is ``isinstance(grads, Tensor)``). Paddle's ``minimize(optimizer,
+    scaled_loss)`` and PyTorch's ``step(optimizer)`` find the gradients on the optimizer; MindSpore's are values.
+
+    Example:
+        >>> refuse_single_tensor(False, "grads")
+        True
+    """
+    if is_tensor:
+        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
+                        f"mindspore.value_and_grad returns for them), but got a single Tensor. MindSpore gradients "
+                        f"are values: differentiate the scaled loss and pass its gradients.")
+    return True
 
 
 def check_optimizer_loss_scale(optimizer, fixed_scale=None):

@@ -863,6 +863,52 @@ def test_correct_use_right_after_a_refused_one():
     assert scaler.state_dict()["_growth_tracker"] == 2  # update() ended the refused (clean) iteration too
 
 
+def _single_tensor_calls(torch_scaler, paddle_scaler, keras, opt):
+    """Each front-end call given one Tensor where the gradients go (Paddle's ``minimize(optimizer, scaled_loss)``
+    habit), as functions of that Tensor, with the argument name the error must give."""
+    def unscale_(grad):
+        return torch_scaler.unscale_(grad)
+
+    def step(grad):
+        return torch_scaler.step(opt, grad)
+
+    def minimize(grad):
+        return paddle_scaler.minimize(opt, grad)
+
+    def apply_gradients(grad):
+        return keras.apply_gradients(grad)
+
+    def get_unscaled_gradients(grad):
+        return keras.get_unscaled_gradients(grad)
+
+    def call(grad):
+        return keras(grad)
+
+    return {"unscale_": (unscale_, "grads"), "step": (step, "grads"), "minimize": (minimize, "grads"),
+            "apply_gradients": (apply_gradients, "grads_and_vars"),
+            "get_unscaled_gradients": (get_unscaled_gradients, "grads"), "call": (call, "grads")}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "get_unscaled_gradients", "call"])
+def test_one_tensor_instead_of_the_gradients_is_refused(compiled, call):
+    """A TypeError naming the argument (was: 'Cannot iterate over a scalar tensor' from MindSpore), before
+    anything is recorded or applied."""
+    net = nn.Dense(1, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    function, argument = _single_tensor_calls(torch_scaler, paddle_scaler, keras, opt)[call]
+    function = ms.jit(function) if compiled else function
+    before = training_state(net)
+    with pytest.raises(TypeError, match=f"'{argument}' must be a tuple or list of gradients"):
+        _read(function(Tensor(np.ones((1, 1), np.float32))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    for scaler in (torch_scaler, paddle_scaler):
+        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
+    assert float(keras.loss_scale.asnumpy()) == 8.0
+
+
 def test_optimizer_with_its_own_loss_scale_is_refused():
     scaler = GradScaler("cuda")
     net = regression_net()
