@@ -26,7 +26,7 @@ def write_parameter(parameter, value):
 
 def read_scalar(parameter, host_value=None):
     """A one-value Parameter's value: eagerly ``host_value`` if given (no sync), else the Parameter's value as a
-    Python float (one host sync); inside a compiled function (``mindspore.jit``, a Cell's ``construct``) a
+    Python number (a float, or an int for an integer Parameter; one host sync); inside a compiled function (``mindspore.jit``, a Cell's ``construct``) a
     scalar Tensor read when the graph runs (no sync), so that arithmetic on it follows the Parameter instead
     of freezing the value it had at compile time.
 
@@ -36,9 +36,9 @@ def read_scalar(parameter, host_value=None):
     Example:
         >>> from mindspore import Parameter
         >>> read_scalar(Parameter(Tensor(np.float32(2.0)), name="doc_read")), read_scalar(
-        ...     Parameter(Tensor(np.int32(7)), name="doc_read_int"), host_value=7)
+        ...     Parameter(Tensor(np.int32(7)), name="doc_read_int"))
         (2.0, 7)
     """
     if F.isconstant(parameter):
-        return float(parameter.asnumpy().reshape(-1)[0]) if host_value is None else host_value
+        return parameter.asnumpy().reshape(-1)[0].item() if host_value is None else host_value
     return parameter.reshape(())

@@ -36,7 +36,7 @@ from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._naming import claim_name
-from lossscale._parameters import write_parameter
+from lossscale._parameters import read_scalar, write_parameter
 from lossscale._validation import TypeValueError
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
@@ -329,8 +329,9 @@ class LossScaleOptimizer(nn.Cell):
 
     @property
     def dynamic_counter(self):
-        """Consecutive finite steps since the scale last changed (None if not dynamic; one sync)."""
-        return self._core.update_cell.get_state().good_steps if self._dynamic else None
+        """Consecutive finite steps since the scale last changed (None if not dynamic): eagerly an int (one sync),
+        inside a compiled function a graph read (an int32 Tensor)."""
+        return read_scalar(self._core.update_cell.good_steps) if self._dynamic else None
 
     @property
     def dynamic_growth_steps(self):

@@ -276,9 +276,9 @@ def test_gradient_penalty(run_mode):
 
 
 def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
-    """``get_scale()``, Paddle's ``get_loss_scaling()``, Keras' ``loss_scale`` and the rule getters are host values
-    eagerly and graph reads inside ``mindspore.jit``: a scale or rule changed after the compilation is what the
-    next call sees."""
+    """``get_scale()``, Paddle's ``get_loss_scaling()``, Keras' ``loss_scale`` and ``dynamic_counter`` and the rule
+    getters are host values eagerly and graph reads inside ``mindspore.jit``: a scale, counter or rule changed
+    after the compilation is what the next call sees."""
     torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=16.0), GradScaler(init_loss_scaling=8.0)
     disabled = GradScaler("cpu", enabled=False)
     net = nn.Dense(2, 1)
@@ -288,16 +288,20 @@ def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
         return (one / torch_scaler.get_scale(), one / paddle_scaler.get_loss_scaling(), one / keras.loss_scale,
                 one / disabled.get_scale(), one / disabled.get_loss_scaling(), one * torch_scaler.get_growth_factor(),
                 one * torch_scaler.get_backoff_factor(), one * torch_scaler.get_growth_interval(),
-                one * paddle_scaler.get_decr_every_n_nan_or_inf())
+                one * paddle_scaler.get_decr_every_n_nan_or_inf(), one * keras.dynamic_counter)
 
     compiled = ms.jit(values)
 
     def read(function):
         return [float(value.asnumpy()) for value in function(Tensor(1.0, ms.float32))]
 
-    assert read(compiled) == read(values) == [1 / 16, 1 / 8, 1 / 32, 1.0, 1.0, 2.0, 0.5, 2000.0, 2.0]
+    keras.get_scaled_loss(Tensor(1.0, ms.float32))
+    keras.apply_gradients(keras.get_unscaled_gradients((Tensor(np.ones((1, 2), np.float32)),
+                                                        Tensor(np.zeros(1, np.float32)))))  # a clean step
+    assert read(compiled) == read(values) == [1 / 16, 1 / 8, 1 / 32, 1.0, 1.0, 2.0, 0.5, 2000.0, 2.0, 1.0]
     assert (torch_scaler.get_scale(), torch_scaler.get_growth_factor(), torch_scaler.get_growth_interval(),
-            paddle_scaler.get_decr_every_n_nan_or_inf()) == (16.0, 2.0, 2000, 2)  # eagerly Python numbers
+            paddle_scaler.get_decr_every_n_nan_or_inf(), keras.dynamic_counter) == (16.0, 2.0, 2000, 2, 1)
+    assert type(keras.dynamic_counter) is int  # eagerly Python numbers
     torch_scaler.update(new_scale=4.0)
     torch_scaler.set_growth_factor(4.0)
     torch_scaler.set_backoff_factor(0.25)
@@ -307,7 +311,7 @@ def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
     overflowed = (Tensor(np.full((1, 2), np.inf, np.float32)), Tensor(np.zeros(1, np.float32)))
     keras.get_scaled_loss(Tensor(1.0, ms.float32))
     keras.apply_gradients(keras.get_unscaled_gradients(overflowed))  # skipped: the scale backs off
-    assert read(compiled) == read(values) == [1 / 4, 1 / 2, 1 / 16, 1.0, 1.0, 4.0, 0.25, 7.0, 3.0]
+    assert read(compiled) == read(values) == [1 / 4, 1 / 2, 1 / 16, 1.0, 1.0, 4.0, 0.25, 7.0, 3.0, 0.0]
 
 
 def test_scale_will_not_overflow():
