@@ -26,9 +26,9 @@ def write_parameter(parameter, value):
 
 def read_scalar(parameter, host_value=None):
     """A one-value Parameter's value: eagerly ``host_value`` if given (no sync), else the Parameter's value as a
-    Python number (a float, or an int for an integer Parameter; one host sync); inside a compiled function (``mindspore.jit``, a Cell's ``construct``) a
-    scalar Tensor read when the graph runs (no sync), so that arithmetic on it follows the Parameter instead
-    of freezing the value it had at compile time.
+    Python number (a float, or an int for an integer Parameter; one host sync); inside a compiled function
+    (``mindspore.jit``, a Cell's ``construct``) a scalar Tensor read when the graph runs (no sync), so that
+    arithmetic on it follows the Parameter instead of freezing the value it had at compile time.
 
     Which of the two is decided at trace time: outside a graph every value is a constant, inside one a
     Parameter never is.
