@@ -216,8 +216,8 @@ def test_multiple_models_optimizers_and_losses():
             np.testing.assert_allclose(p.asnumpy(), c.asnumpy(), rtol=1e-5, atol=1e-7, err_msg=p.name)
 
 
-@pytest.fixture(params=["graph_mode", "jit", "pynative"])
-def run_mode(request):
+@pytest.fixture(params=["graph_mode", "jit", "pynative"], name="run_mode")
+def _run_mode(request):  # not named run_mode: a test that forgot the argument must fail, not see this function
     """How a training step runs: ``value_and_grad`` called from Python in GRAPH_MODE (which compiles the
     differentiated function), the whole step in ``mindspore.jit``, or everything eagerly in PYNATIVE_MODE."""
     if request.param == "pynative":
@@ -493,7 +493,7 @@ def test_trajectory_and_skips_follow_the_rule(case, compiled):
         _, grads = grad_fn(x, y)
         return scaler.minimize(opt, grads)
 
-    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
+    train_step = ms.jit(train_step) if compiled else train_step
     scales = []
     for flag, (x, y) in zip(FLAGS, regression_batches(len(FLAGS))):
         if flag:
@@ -556,7 +556,7 @@ def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
         scaler.update()
         return skipped
 
-    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
+    train_step = ms.jit(train_step) if compiled else train_step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     before = training_state(net)
     assert bool(train_step(x, y, Tensor(np.float32(np.inf))).asnumpy())  # finite gradients, non-finite loss
@@ -614,7 +614,7 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
         scaler.update()
         return skipped
 
-    train_step = ms.jit(train_step) if run_mode == "jit" else train_step
+    train_step = ms.jit(train_step) if compiled else train_step
     x, y = regression_batches(1)[0]
     x = with_inf(x)
     before = training_state(net)
