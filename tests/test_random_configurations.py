@@ -26,7 +26,7 @@ SEEDS = 12
 
 
 def random_configuration(rng):
-    """A train-cell configuration as keyword dicts: ``(cell options, manager, optimizer kind)``."""
+    """A random train-cell configuration: ``(keyword options of the cell, a manager, "sgd" or "momentum")``."""
     options = dict(accumulation_steps=rng.choice([1, 1, 2, 3]), clip_global_norm=rng.choice([None, None, 0.05, 100.0]),
                    extra_outputs=rng.random() < 0.5)
     if rng.random() < 0.75:
