@@ -226,6 +226,21 @@ class GradScalerRun(ReferenceRun):
         super().__init__(net, scaler.scale, optimizer.parameters, apply, compiled)
 
 
+def keras_step(loss_fn, optimizer):
+    """The tf.keras recipe as one (uncompiled) step ``step(x, y) -> skipped``: ``get_scaled_loss(loss_fn(x, y))``,
+    differentiated, ``get_unscaled_gradients``, ``apply_gradients`` of the LossScaleOptimizer ``optimizer``."""
+    def forward(x, y):
+        return optimizer.get_scaled_loss(loss_fn(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+
+    return step
+
+
 class LossScaleOptimizerRun(ReferenceRun):
     """A lossscale ``LossScaleOptimizer(SGD(lr), **kwargs)``, the tf.keras way: ``get_scaled_loss``,
     ``get_unscaled_gradients``, ``apply_gradients``."""

@@ -17,12 +17,13 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from backend_standins import SaturatingNet, StatusRegister
-from lossscale import GradScaler, LossScaleOptimizer, TorchGradScaler, TrainOneStepWithLossScaleCell, get_preset
+from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
+                       TrainOneStepWithLossScaleCell, get_preset)
 from lossscale.optimizer_states import DEFAULT_CAPACITY
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
-from nets import (Float64Regression, GradCapture, PlainSGD, own_names, regression_batches, regression_net,
-                  training_state, with_inf)
+from nets import (Float64Regression, GradCapture, PlainSGD, keras_step, own_names, regression_batches,
+                  regression_net, training_state, with_inf)
 
 T, F = True, False
 SKIP_ITER = 2
@@ -967,6 +968,75 @@ def test_switching_fixed_and_dynamic_reaches_a_compiled_step():
     scaler.load_state_dict(dict(state, use_dynamic_loss_scaling=True))
     step(x, y, Tensor(False))
     assert scaler.get_scale() == 1024.0
+
+
+class _Float16Regression(nn.Cell):
+    """A bias-free float16 Dense(8, 4) with a float32 MSE loss: its float16 backward overflows on large inputs."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.dense = nn.Dense(8, 4, weight_init=Tensor(weight), has_bias=False).to_float(ms.float16)
+        self.loss = nn.MSELoss()
+
+    def construct(self, x, y):
+        return self.loss(ops.cast(self.dense(ops.cast(x, ms.float16)), ms.float32), y)
+
+
+def _one_rule_runs(policy, batches, weight):
+    """The train cell, a GradScaler and a LossScaleOptimizer, each with ``policy``, trained on ``batches`` (one
+    compiled step each): ``{front end: ([(skipped, scale after the step)], weight)}``."""
+    def train_cell():
+        net = _Float16Regression(weight)
+        step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
+                                             DynamicLossScaleUpdateCell.from_policy(policy))
+        return net, step, step.get_loss_scale, lambda outputs: outputs[1]
+
+    def grad_scaler():
+        net = _Float16Regression(weight)
+        opt, scaler = nn.SGD(net.trainable_params(), 0.01), GradScaler("cuda", policy=policy)
+        grad_fn = _grad_fn(scaler, net, opt)
+
+        def step(x, y):
+            _, grads = grad_fn(x, y)
+            skipped = scaler.step(opt, grads)
+            scaler.update()
+            return skipped
+
+        return net, ms.jit(step), scaler.get_scale, lambda skipped: skipped
+
+    def loss_scale_optimizer():
+        net = _Float16Regression(weight)
+        opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.01), policy=policy)
+        return net, ms.jit(keras_step(net, opt)), lambda: float(opt.loss_scale.asnumpy()), lambda skipped: skipped
+
+    runs = {}
+    for name, build in (("train_cell", train_cell), ("grad_scaler", grad_scaler),
+                        ("loss_scale_optimizer", loss_scale_optimizer)):
+        net, step, scale, skipped_of = build()
+        trajectory = [(bool(skipped_of(step(Tensor(x), Tensor(y))).asnumpy()), scale()) for x, y in batches]
+        runs[name] = (trajectory, net.dense.weight.asnumpy())
+    return runs
+
+
+@pytest.mark.parametrize("preset, overrides", [("pytorch", dict(init_scale=2.0**14, growth_interval=3)),
+                                               ("megatron", dict(init_scale=2.0**14, growth_interval=2))])
+def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overrides):
+    """One core under every front-end: a float16 model whose backward overflows on its own (large inputs, no
+    injected inf) trained by the train cell, a GradScaler and a LossScaleOptimizer with the same rule skips the
+    same steps, follows the same scales (the rule's, for those skips) and ends with bit-identical weights."""
+    policy = get_preset(preset, **overrides)
+    rng = np.random.RandomState(0)
+    weight = (rng.randn(4, 8) * 0.5).astype(np.float32)
+    batches = [(rng.randn(16, 8).astype(np.float32) * (300.0 if i in (3, 4, 9) else 1.0),
+                rng.randn(16, 4).astype(np.float32)) for i in range(12)]
+    runs = _one_rule_runs(policy, batches, weight)
+    trajectory, weight_after = runs["train_cell"]
+    skips = [skipped for skipped, _ in trajectory]
+    assert all(skips[i] for i in (3, 4, 9)) and skips.count(False) >= 8  # the float16 backward overflowed there
+    assert [scale for _, scale in trajectory] == [state.scale for state in run(policy, skips)]
+    for name in ("grad_scaler", "loss_scale_optimizer"):
+        assert runs[name][0] == trajectory, name
+        np.testing.assert_array_equal(runs[name][1], weight_after, err_msg=name)
 
 
 def test_two_scalers_an_optimizer_wrapper_and_a_train_cell_in_one_graph():

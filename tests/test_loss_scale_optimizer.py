@@ -10,7 +10,7 @@ from mindspore import Parameter, Tensor, nn
 
 from lossscale import LossScaleOptimizer, get_preset
 from lossscale.policy import run
-from nets import own_names, regression_batches, regression_net, training_state, with_inf
+from nets import keras_step, own_names, regression_batches, regression_net, training_state, with_inf
 
 T, F = True, False
 
@@ -306,16 +306,7 @@ def test_eager_and_compiled_give_identical_training():
     for compiled in (False, True):
         net = regression_net()
         opt = LossScaleOptimizer(nn.Adam(net.trainable_params(), 0.01), initial_scale=2.0**10, dynamic_growth_steps=2)
-
-        def forward(x, y):
-            return opt.get_scaled_loss(net(x, y))
-
-        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-
-        def step(x, y):
-            _, grads = grad_fn(x, y)
-            return opt.apply_gradients(opt.get_unscaled_gradients(grads))
-
+        step = keras_step(net, opt)
         step = ms.jit(step) if compiled else step
         for i, (x, y) in enumerate(regression_batches(5)):
             if i == 2:
