@@ -59,7 +59,6 @@ from mindspore.ops import constexpr
 
 from lossscale import overflow as _overflow
 from lossscale._naming import claim_name, free_name
-from lossscale._parameters import read_scalar
 from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
@@ -359,8 +358,7 @@ class GradScaler:
 
     def get_loss_scaling(self):
         """The current scale as a float32 Tensor (Paddle; eagerly one host sync, a graph read when compiled)."""
-        scale = self.get_scale()
-        return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
+        return self._core.get_scale_tensor() if self._enabled else Tensor(1.0, mstype.float32)
 
     def get_state(self):
         """The rule's state (:class:`lossscale.policy.LossScaleState`), read from the device."""
@@ -372,30 +370,29 @@ class GradScaler:
         """The initial scale (1.0 when disabled, as Paddle)."""
         return self._policy.init_scale if self._enabled else 1.0
 
-    def _rule_value(self, field, attribute):
-        """The rule's ``field``: eagerly the policy's exact Python number; inside a compiled function the update
-        cell's Parameter ``attribute`` (a graph read: a setter called after compiling shows there too). A
-        disabled scaler has no Parameters: its numbers are constants of each compilation."""
-        value = getattr(self._policy, field)
+    def _rule_value(self, field):
+        """The rule's ``field``: eagerly the policy's exact Python number; inside a compiled function a graph read
+        of the update cell's Parameter (a setter called after compiling shows there too). A disabled scaler has
+        no Parameters: its numbers are constants of each compilation."""
         if self._core is None:
-            return value
-        return read_scalar(getattr(self._core.update_cell, attribute), host_value=value)
+            return getattr(self._policy, field)
+        return self._core.update_cell.rule_value(field)
 
     def get_incr_ratio(self):
         """The growth multiplier (a graph read inside a compiled function, see :meth:`get_scale`)."""
-        return self._rule_value("growth_factor", "_growth_factor")
+        return self._rule_value("growth_factor")
 
     def get_decr_ratio(self):
         """The backoff multiplier (a graph read inside a compiled function)."""
-        return self._rule_value("backoff_factor", "_backoff_factor")
+        return self._rule_value("backoff_factor")
 
     def get_incr_every_n_steps(self):
         """Consecutive clean steps per growth (a graph read inside a compiled function)."""
-        return self._rule_value("growth_interval", "_window")
+        return self._rule_value("growth_interval")
 
     def get_decr_every_n_nan_or_inf(self):
         """Consecutive bad steps per backoff (a graph read inside a compiled function)."""
-        return self._rule_value("hysteresis", "_full_hysteresis")
+        return self._rule_value("hysteresis")
 
     get_growth_factor = get_incr_ratio
     get_backoff_factor = get_decr_ratio

@@ -319,8 +319,7 @@ class LossScaleOptimizer(nn.Cell):
     @property
     def loss_scale(self):
         """The current loss scale as a float32 scalar Tensor (eagerly one host sync, a graph read when compiled)."""
-        scale = self._core.get_scale()
-        return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
+        return self._core.get_scale_tensor()
 
     @property
     def dynamic(self):

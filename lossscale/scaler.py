@@ -15,6 +15,7 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
     core.adjust(overflow)                 # the update rule: back off / grow (no-op for a fixed scale)
     core.state_dict(), core.load_state_dict(state), core.set_scale(v)                     # host
     core.get_scale()                      # host (a float); inside a compiled function a graph read (a Tensor)
+    core.get_scale_tensor()               # the same as a float32 Tensor in both cases
 
 Why promote in :meth:`scale` and not in :meth:`sens`: the gradient of
 ``float32(loss) * S`` reaching a float16 loss is ``float16(S)``, exactly the sens
@@ -315,6 +316,12 @@ class LossScaler(nn.Cell):
         """The scale the device holds: eagerly a Python float (one host sync); inside a compiled function a
         float32 scalar Tensor read when the graph runs (:func:`lossscale._parameters.read_scalar`)."""
         return read_scalar(self.scale_value)
+
+    def get_scale_tensor(self):
+        """:meth:`get_scale` as a float32 scalar Tensor: eagerly a copy (one host sync), inside a compiled function
+        the graph read itself."""
+        scale = self.get_scale()
+        return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
 
     def set_scale(self, value):
         """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""

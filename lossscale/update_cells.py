@@ -12,10 +12,15 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale._parameters import write_parameter
+from lossscale._parameters import read_scalar, write_parameter
 from lossscale._validation import check_real, positive_float32
 from lossscale.policy import (FLOAT32_TINY, LossScaleState, check_state, initial_state, policy_extensions,
                               policy_from_mindspore_arguments, state_dict_values, state_from_dict)
+
+
+# The policy fields whose numbers the cell holds as they are (min/max are held rounded to float32).
+_RULE_ATTRIBUTES = {"growth_factor": "_growth_factor", "backoff_factor": "_backoff_factor",
+                    "growth_interval": "_window", "hysteresis": "_full_hysteresis"}
 
 
 class _ScaleBinding:
@@ -202,6 +207,17 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self._dynamic = Parameter(Tensor(bool(dynamic), mstype.bool_), name="loss_scale_dynamic",
                                   requires_grad=False)
         self._switchable = True
+
+    def rule_value(self, field):
+        """The rule's ``field`` (``growth_factor``, ``backoff_factor``, ``growth_interval`` or ``hysteresis``):
+        eagerly the policy's exact Python number; inside a compiled function, once the rule is held in
+        Parameters, a graph read of its Parameter (so :meth:`set_policy` after compiling shows there too).
+
+        Example:
+            >>> DynamicLossScaleUpdateCell(2**12, 2, 1000, hysteresis=2).rule_value("hysteresis")
+            2
+        """
+        return read_scalar(getattr(self, _RULE_ATTRIBUTES[field]), host_value=getattr(self.policy, field))
 
     @property
     def dynamic(self):
