@@ -34,6 +34,8 @@ import warnings
 import numpy as np
 from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
+from mindspore.ops import functional as F
 
 from lossscale._naming import claim_name
 from lossscale._parameters import read_scalar, write_parameter
@@ -99,11 +101,48 @@ def _learning_rate_value(value):
     return float(value)
 
 
-def _gradients_of(grads_and_vars):
-    """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form)."""
+def _require_optimizer_parameters(argument, variables, parameters):
+    """ValueError unless ``variables`` are ``parameters`` (the inner optimizer's), the same objects in the same
+    order: a MindSpore optimizer is bound to the parameters it was built with and applies its i-th gradient to
+    its i-th parameter, so another order (a group-parameter optimizer lists its groups in turn) would update
+    each parameter with another one's gradient."""
+    if [id(variable) for variable in variables] != [id(parameter) for parameter in parameters]:
+        given = [getattr(variable, "name", type(variable).__name__) for variable in variables]
+        expected = [parameter.name for parameter in parameters]
+        raise ValueError(f"'{argument}' must be the inner optimizer's parameters, in order (a MindSpore optimizer is "
+                         f"bound to the parameters it was built with): expected {expected}, but got {given}. Pass "
+                         f"them in the order of opt.parameters.")
+
+
+@constexpr
+def _require_parameter_shapes(variable_shapes, parameter_shapes):
+    """Inside a compiled function, where a Parameter's identity is not visible: at least the number and shapes."""
+    if tuple(variable_shapes) != tuple(parameter_shapes):
+        raise ValueError(f"'grads_and_vars' must pair each gradient with the inner optimizer's parameter of the same "
+                         f"position (a MindSpore optimizer is bound to its parameters, in order): the variables have "
+                         f"shapes {list(variable_shapes)}, the optimizer's parameters {list(parameter_shapes)}. Pass "
+                         f"them in the order of opt.parameters.")
+    return True
+
+
+def _check_variables(variables, parameters):
+    """The variables of Keras' ``(gradient, variable)`` pairs against the inner optimizer's parameters: the same
+    objects in order when called from Python; the same number and shapes inside a compiled function (decided
+    at trace time: outside a graph every value is a constant, inside one a Parameter never is)."""
+    if F.isconstant(variables[0]):
+        _require_optimizer_parameters("grads_and_vars", variables, parameters)
+        return True
+    return _require_parameter_shapes(tuple(F.shape(variable) for variable in variables),
+                                     tuple(F.shape(parameter) for parameter in parameters))
+
+
+def _gradients_of(grads_and_vars, parameters):
+    """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form), whose
+    variables must be ``parameters`` in order (see :func:`_check_variables`)."""
     refuse_single_tensor(isinstance(grads_and_vars, Tensor), "grads_and_vars")
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
+        _check_variables(tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
     for index, grad in enumerate(items):
         if grad is None:
@@ -288,8 +327,14 @@ class LossScaleOptimizer(nn.Cell):
 
     def apply_gradients(self, grads_and_vars):
         """Apply unscaled gradients (a tuple, or Keras' ``(gradient, variable)`` pairs) unless one is inf/nan,
-        then update the scale; return True if the step was skipped."""
-        return self._apply_step(_gradients_of(grads_and_vars))
+        then update the scale; return True if the step was skipped.
+
+        The pairs' variables must be the inner optimizer's parameters, all of them, in its order
+        (``opt.parameters``): a MindSpore optimizer applies its i-th gradient to its i-th parameter.
+        From Python they are checked by identity; inside a compiled function, where a Parameter's
+        identity is not visible, by number and shape. ``ValueError`` otherwise, before anything is
+        applied."""
+        return self._apply_step(_gradients_of(grads_and_vars, self._inner.parameters))
 
     def minimize(self, loss, var_list=None):
         """Keras' ``minimize``: scale ``loss()`` (a callable), differentiate, unscale, apply, update the scale.
@@ -305,10 +350,8 @@ class LossScaleOptimizer(nn.Cell):
             raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}.")
         parameters = self._inner.parameters
         if var_list is not None:
-            given = list(var_list) if isinstance(var_list, (list, tuple)) else [var_list]
-            if [id(p) for p in given] != [id(p) for p in parameters]:
-                raise ValueError("'var_list' must be the inner optimizer's parameters, in order: a MindSpore optimizer "
-                                 "is bound to the parameters it was built with.")
+            _require_optimizer_parameters("var_list", list(var_list) if isinstance(var_list, (list, tuple))
+                                          else [var_list], parameters)
         def scaled_loss():
             return self.get_scaled_loss(loss())
 
