@@ -275,12 +275,14 @@ class GradScaler:
         gradients since, e.g. clamping), also skipping if ``grads`` now hold inf/nan;
         otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
         a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
-        and an optimizer built with its own ``loss_scale``.
+        an optimizer built with its own ``loss_scale``, and gradients whose shapes are not those
+        of ``optimizer.parameters``, one for one (``ValueError``, at trace time).
         """
         refuse_single_tensor(isinstance(grads, Tensor), "grads")
         if not self._enabled:
             return ops.depend(Tensor(False), optimizer(grads))
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
+        self._states.refuse_misfit(grads, optimizer.parameters)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         column = self._states.column(slot)

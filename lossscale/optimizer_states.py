@@ -34,6 +34,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
+from mindspore.ops import functional as F
 
 from lossscale._naming import check_name
 from lossscale._validation import check_int_in_range
@@ -72,6 +73,18 @@ def _none_describe(grad):
 def _signature(description):
     """A deterministic 24-bit int for the (shape, dtype) structure of a gradient tuple (exact in float32)."""
     return zlib.crc32(repr(description).encode()) & 0xFFFFFF
+
+
+@constexpr
+def _refuse_misfit(descriptions, parameter_shapes):
+    """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
+    shapes = tuple(None if description is None else tuple(description[0]) for description in descriptions)
+    expected = tuple(tuple(shape) for shape in parameter_shapes)
+    if shapes != expected:
+        raise ValueError(f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
+                         f"optimizer.parameters (differentiate with respect to optimizer.parameters): the gradients "
+                         f"have shapes {list(shapes)}, the optimizer's parameters {list(expected)}.")
+    return True
 
 
 @constexpr
@@ -143,6 +156,13 @@ class OptimizerStates(nn.Cell):
     def structure_of(self, grads):
         """The structure signature of ``grads`` (a constant)."""
         return _signature(self.hyper_map(_describe, grads))
+
+    def refuse_misfit(self, grads, parameters):
+        """ValueError at trace time (before anything is recorded or applied) unless ``grads`` has the shapes of
+        ``parameters`` (an optimizer's), one for one: gradients of other parameters, or in another order, would
+        otherwise fail inside the optimizer after the step was recorded (gradients of equal shapes in another
+        order cannot be told apart)."""
+        return _refuse_misfit(self.hyper_map(_describe, grads), tuple(F.shape(parameter) for parameter in parameters))
 
     def slot(self, key, signature):
         """The slot index for ``key`` (int/str) or, with ``key=None``, for the structure ``signature``."""

@@ -61,6 +61,14 @@ def training_state(cell):
     return {name: value for name, value in snapshot(cell).items() if not is_loss_scale_state(name)}
 
 
+def group_optimizer(net, lr=0.05):
+    """``nn.SGD`` with the usual weight-decay groups: its parameters are the weights, then the biases, not the
+    network's order (gradients taken with respect to ``net.trainable_params()`` do not fit it)."""
+    weights = [p for p in net.trainable_params() if "weight" in p.name]
+    biases = [p for p in net.trainable_params() if "bias" in p.name]
+    return nn.SGD([{"params": weights, "weight_decay": 0.01}, {"params": biases}], lr)
+
+
 def own_names(optimizer, prefix):
     """Prefix an optimizer's own Parameters (learning_rate, global_step, moments): several optimizers in one
     graph need unique names in MindSpore, whatever the loss scaling."""

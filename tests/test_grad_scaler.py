@@ -22,8 +22,8 @@ from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimize
 from lossscale.optimizer_states import DEFAULT_CAPACITY
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
-from nets import (Float64Regression, GradCapture, PlainSGD, keras_step, own_names, regression_batches,
-                  regression_net, training_state, with_inf)
+from nets import (Float64Regression, GradCapture, PlainSGD, group_optimizer, keras_step, own_names,
+                  regression_batches, regression_net, training_state, with_inf)
 
 T, F = True, False
 SKIP_ITER = 2
@@ -912,6 +912,48 @@ def test_one_tensor_instead_of_the_gradients_is_refused(compiled, call):
     for scaler in (torch_scaler, paddle_scaler):
         assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
     assert float(keras.loss_scale.asnumpy()) == 8.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["step", "minimize"])
+def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call):
+    """Gradients taken in the network's order for an optimizer that lists its groups in turn: a ValueError naming
+    the shapes (was MindSpore's 'For AddN, input shape must be same' from inside the optimizer, after the step
+    was recorded, so the corrected step of the same iteration was refused as a second one)."""
+    scaler = GradScaler("cpu", init_scale=1024.0)
+    net = regression_net()
+    opt = group_optimizer(net)
+    x, y = _batches(1)[0]
+
+    def forward(a, b):
+        return scaler.scale(net(a, b))
+
+    network_order = ms.value_and_grad(forward, None, ms.ParameterTuple(net.trainable_params()))
+    optimizer_order = ms.value_and_grad(forward, None, opt.parameters)
+
+    def apply(grad_fn):
+        def step(a, b):
+            _, grads = grad_fn(a, b)
+            return scaler.step(opt, grads) if call == "step" else scaler.minimize(opt, grads)
+        return ms.jit(step) if compiled else step
+
+    before = training_state(net)
+    with pytest.raises(ValueError, match=r"'grads' must hold one gradient per parameter of the optimizer, in the "
+                                         r"order of optimizer.parameters .*\(8, 6\), \(8,\), \(3, 8\), \(3,\)"):
+        _read(apply(network_order)(x, y))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert scaler._states.between_iterations() and scaler.get_scale() == 1024.0
+    assert not bool(_read(apply(optimizer_order)(x, y)))  # the same iteration, corrected: not a second step
+    if call == "step":
+        scaler.update()
+    control_net = regression_net()
+    control_opt = group_optimizer(control_net)
+    control = GradScaler("cpu", init_scale=1024.0)
+    _, grads = _grad_fn(control, control_net, control_opt)(x, y)
+    control.step(control_opt, grads)
+    control.update()
+    _same_training_state(net, control_net, rtol=0, atol=0)
+    assert scaler.state_dict() == control.state_dict()
 
 
 def test_optimizer_with_its_own_loss_scale_is_refused():

@@ -10,7 +10,7 @@ from mindspore import Parameter, Tensor, nn
 
 from lossscale import LossScaleOptimizer, get_preset
 from lossscale.policy import run
-from nets import keras_step, own_names, regression_batches, regression_net, training_state, with_inf
+from nets import group_optimizer, keras_step, own_names, regression_batches, regression_net, training_state, with_inf
 
 T, F = True, False
 
@@ -301,14 +301,6 @@ def test_minimize_checks_var_list():
     assert _value(model.var) == 0.5
 
 
-def _group_optimizer(net):
-    """A MindSpore optimizer with the usual weight-decay groups: its parameters are the weights, then the biases,
-    not the network's order."""
-    weights = [p for p in net.trainable_params() if "weight" in p.name]
-    biases = [p for p in net.trainable_params() if "bias" in p.name]
-    return nn.SGD([{"params": weights, "weight_decay": 0.01}, {"params": biases}], 0.05)
-
-
 def _pair_makers(net, opt):
     """Functions ``grads -> pairs`` (each a plain function, so a compiled step can call it)."""
     in_network_order = ms.ParameterTuple(net.trainable_params())
@@ -359,7 +351,7 @@ def test_keras_pairs_must_name_the_inner_optimizers_parameters_in_order(compiled
     if compiled and make_pairs == "look-alike":
         pytest.skip("a Parameter's identity is not visible inside a compiled function (documented)")
     net = regression_net()
-    opt = LossScaleOptimizer(_group_optimizer(net), initial_scale=2.0**10)
+    opt = LossScaleOptimizer(group_optimizer(net), initial_scale=2.0**10)
     pairs = _pair_makers(net, opt)[make_pairs]
     x, y = (Tensor(a) for a in regression_batches(1)[0])
     before = training_state(net)
@@ -375,7 +367,7 @@ def test_keras_pairs_must_name_the_inner_optimizers_parameters_in_order(compiled
     paired = training_state(net)
     assert any(not np.array_equal(before[k], v) for k, v in paired.items())
     control_net = regression_net()
-    control = LossScaleOptimizer(_group_optimizer(control_net), initial_scale=2.0**10)
+    control = LossScaleOptimizer(group_optimizer(control_net), initial_scale=2.0**10)
     _one_keras_step(control, control_net, None, False, x, y)
     for name, value in training_state(control_net).items():
         np.testing.assert_array_equal(paired[name], value, err_msg=name)
