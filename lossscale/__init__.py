@@ -8,7 +8,8 @@ Layers (see docs/design.md):
 - :mod:`lossscale.managers`: MindSpore-style managers that produce update cells;
 - :mod:`lossscale.overflow`: overflow detection per backend;
 - :mod:`lossscale.train_cell`: the one-graph training step (with :mod:`lossscale.accumulation`,
-  :mod:`lossscale.clipping`, :mod:`lossscale.bookkeeping` and :mod:`lossscale.checkpoints`);
+  :mod:`lossscale.clipping`, :mod:`lossscale.bookkeeping`, :mod:`lossscale.running_statistics` and
+  :mod:`lossscale.checkpoints`);
 - :mod:`lossscale.integration`: ``build_train_network`` and ``Model``;
 - :mod:`lossscale.grad_scaler`, :mod:`lossscale.loss_scale_optimizer`: the Paddle/PyTorch and Keras
   front-ends (with :mod:`lossscale.optimizer_states`); :mod:`lossscale.presets`: other libraries' rules;

@@ -21,7 +21,10 @@ forensics and persistent-overflow policy (:mod:`lossscale.bookkeeping`) are part
 
 "Skip" means the optimizer is not called at all: no weight, moment or ``global_step``
 changes, so a learning-rate schedule driven by the optimizer's step counter does not
-advance on skipped steps (as in MindSpore and PyTorch).
+advance on skipped steps (as in MindSpore and PyTorch); and the network's BatchNorm running
+statistics, updated by the forward pass, are written back (:mod:`lossscale.running_statistics`;
+MindSpore and PyTorch keep them, inf/nan after a forward overflow). With accumulation they are
+written back per micro-batch whose own loss or gradients overflowed.
 """
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -35,6 +38,7 @@ from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounter
                                    PersistentOverflowError, PersistentOverflowPolicy, check_debug_flag)
 from lossscale.checkpoints import check_cell_state, checkpoint_choice
 from lossscale.clipping import GlobalNormClip, global_norm
+from lossscale.running_statistics import RunningStatistics
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
@@ -143,6 +147,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
+        # Restored on a skipped step (only when skipped steps are dropped, and only if the network has any).
+        self.running_statistics = RunningStatistics.of(network) if self.drop_overflow_update else None
         self.extra_outputs = check_bool("extra_outputs", extra_outputs)
         self.lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
         self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
@@ -276,6 +282,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def construct(self, *inputs):
         if self._host_features:
             refuse_without_host_call(self._host_call_token, self._host_features)
+        saved = None if self.running_statistics is None else self.running_statistics.save()
         loss = check_loss_output(self.network(*inputs))
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
@@ -286,11 +293,18 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if not self.optimizer_unscales:
             grads = self.loss_scaler.unscale(grads, scaling_sens)
         if self.accumulation is not None:
-            return self._accumulation_step(loss, status, grads, scaling_sens)
+            return self._accumulation_step(loss, status, grads, scaling_sens, saved)
         grads = self.grad_reducer(grads)
         flag = self._zero if self._norm_decides and not self._custom_status else self._flag(status, grads)
         overflow, norm, learning_rate = self._finish_step(self._with_loss_flag(flag, loss), grads)
+        overflow = self._restore_statistics_if(overflow, saved)
         return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
+
+    def _restore_statistics_if(self, skipped, saved):
+        """Write back the running statistics saved before the forward pass if ``skipped``; returns ``skipped``."""
+        if self.running_statistics is None:
+            return skipped
+        return ops.depend(skipped, self.running_statistics.restore_if(skipped, saved))
 
     def _flag(self, status, grads):
         """This rank's float32 flag for ``grads``: the backend check, or an overridden get_overflow_status."""
@@ -319,8 +333,11 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             return (self._zero if norm is None else norm), self._zero
         return (global_norm(self.hyper_map, grads) if norm is None else norm), self.optimizer.get_lr()
 
-    def _accumulation_step(self, loss, status, grads, scaling_sens):
-        window_flag, micro, last = self.accumulation.add(grads, self._with_loss_flag(self._flag(status, grads), loss))
+    def _accumulation_step(self, loss, status, grads, scaling_sens, saved):
+        micro_flag = self._with_loss_flag(self._flag(status, grads), loss)
+        # This micro-batch's own running statistics go if its own loss or gradients overflowed (on this rank).
+        micro_flag = ops.depend(micro_flag, self._restore_statistics_if(micro_flag != self._zero, saved))
+        window_flag, micro, last = self.accumulation.add(grads, micro_flag)
         if last:
             mean = self.grad_reducer(self.accumulation.mean(self.weights))
             # Finite micro-batch gradients can still sum to inf in float32: the window's mean is checked too.

@@ -28,3 +28,13 @@ def test_benchmark_smoke_run(tmp_path):
     assert all(c["finite_then_nan"] == {"lossscale": [True, False], "all_finite": [True, False]}
                for c in result["checks"])
     assert "ls/plain" in done.stdout and "speedup" in done.stdout  # both tables were printed
+
+
+@pytest.mark.slow
+def test_running_statistics_benchmark_smoke_run():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_running_statistics.py"), "--rounds",
+                           "1", "--steps", "1", "--builds", "1", "--levels", "O2"], capture_output=True, text=True,
+                          timeout=600, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| O2 |")]
+    assert len(rows) == 1 and len(rows[0].split("|")) == 8, done.stdout

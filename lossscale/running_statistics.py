@@ -1,0 +1,82 @@
+"""Running statistics that a forward pass updates in place, restored when their step is skipped.
+
+BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm``, ``mint.nn.BatchNorm*``) update
+their moving mean and variance during the training forward pass, before any overflow check.
+A batch whose forward pass overflows (an inf activation in float16) makes them inf or nan, and
+they stay so: training goes on with batch statistics while every evaluation returns nan.
+MindSpore and PyTorch keep them. The train cell saves them before the forward pass and writes
+the saved values back when the step is skipped, so a skipped step leaves the whole network as
+it was.
+
+Per call (graph mode; nothing when the network has no such layer)::
+
+    saved = copy(statistics)                      # before the forward pass
+    ...                                           # forward, backward, decision
+    statistics = skipped ? saved : statistics     # one select and assign per statistic
+
+Example:
+    >>> from mindspore import nn
+    >>> [p.name for p in RunningStatistics.of(nn.SequentialCell(nn.Dense(2, 2), nn.BatchNorm1d(2))).statistics]
+    ['1.moving_mean', '1.moving_variance']
+"""
+from mindspore import ParameterTuple, nn, ops
+
+_copy = ops.MultitypeFuncGraph("_copy")
+_restore = ops.MultitypeFuncGraph("_restore")
+
+
+@_copy.register("Tensor")
+def _tensor_copy(statistic):
+    return ops.depend(statistic * 1, statistic)
+
+
+@_restore.register("Tensor", "Tensor", "Tensor")
+def _tensor_restore(skipped, statistic, saved):
+    return ops.assign(statistic, ops.select(skipped, saved, statistic))
+
+
+def _is_batch_norm(cell):
+    """MindSpore's and mint's BatchNorm families (their private bases, looked up so that either may be absent)."""
+    from mindspore.nn.layer import normalization  # pylint: disable=import-outside-toplevel
+    bases = [getattr(normalization, "_BatchNorm", None)]
+    try:
+        from mindspore.mint.nn.layer import normalization as mint_normalization  # pylint: disable=import-outside-toplevel
+        bases.append(getattr(mint_normalization, "_NormBase", None))
+    except ImportError:  # a MindSpore without mint
+        pass
+    return isinstance(cell, tuple(base for base in bases if base is not None))
+
+
+class RunningStatistics(nn.Cell):
+    """The non-trainable Parameters of a network's BatchNorm layers: ``save()`` before the forward pass,
+    ``restore_if(skipped, saved)`` after the decision (graph methods, no host sync).
+
+    Args:
+        statistics (tuple[Parameter]): the Parameters to guard (see :meth:`of`).
+    """
+
+    def __init__(self, statistics):
+        super().__init__(auto_prefix=False)
+        self.statistics = ParameterTuple(statistics)
+        self.hyper_map = ops.HyperMap()
+
+    @classmethod
+    def of(cls, network):
+        """A guard of ``network``'s BatchNorm statistics, or None if it has none."""
+        statistics, seen = [], set()
+        for _, cell in network.cells_and_names():
+            if not _is_batch_norm(cell):
+                continue
+            for parameter in cell.get_parameters(expand=False):
+                if not parameter.requires_grad and id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    statistics.append(parameter)
+        return cls(tuple(statistics)) if statistics else None
+
+    def save(self):
+        """Copies of the statistics as they are now (call before the forward pass)."""
+        return self.hyper_map(_copy, self.statistics)
+
+    def restore_if(self, skipped, saved):
+        """Write ``saved`` back into the statistics where ``skipped`` (a bool scalar) is True."""
+        return self.hyper_map(ops.partial(_restore, skipped), self.statistics, saved)
