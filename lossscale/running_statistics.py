@@ -1,7 +1,8 @@
 """Running statistics that a forward pass updates in place, restored when their step is skipped.
 
-BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm``, ``mint.nn.BatchNorm*``) update
-their moving mean and variance during the training forward pass, before any overflow check.
+BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm``, ``mint.nn.BatchNorm*``, and
+``nn.InstanceNorm*``, which keeps a moving mean and variance too) update their running statistics
+during the training forward pass, before any overflow check.
 A batch whose forward pass overflows (an inf activation in float16) makes them inf or nan, and
 they stay so: training goes on with batch statistics while every evaluation returns nan.
 MindSpore and PyTorch keep them. The train cell saves them before the forward pass and writes
@@ -36,9 +37,10 @@ def _tensor_restore(skipped, statistic, saved):
 
 
 def _is_batch_norm(cell):
-    """MindSpore's and mint's BatchNorm families (their private bases, looked up so that either may be absent)."""
+    """MindSpore's and mint's BatchNorm families and MindSpore's InstanceNorm (their private bases, looked up so
+    that any may be absent)."""
     from mindspore.nn.layer import normalization  # pylint: disable=import-outside-toplevel
-    bases = [getattr(normalization, "_BatchNorm", None)]
+    bases = [getattr(normalization, "_BatchNorm", None), getattr(normalization, "_InstanceNorm", None)]
     try:
         from mindspore.mint.nn.layer import normalization as mint_normalization  # pylint: disable=import-outside-toplevel
         bases.append(getattr(mint_normalization, "_NormBase", None))
