@@ -281,7 +281,8 @@ class LossScaleOptimizer(nn.Cell):
         check_optimizer_loss_scale(inner_optimizer)
         rule = _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy)
         prefix = claim_name(name, self, "loss_scale_optimizer")
-        self._core = LossScaler(rule, name=prefix, overflow_check=overflow_check)
+        # A fixed scale is a constant, as in tf.keras: no checkpoint of another wrapper can change it.
+        self._core = LossScaler(rule, name=prefix, overflow_check=overflow_check, frozen=not dynamic)
         self._dynamic = dynamic
         self._initial_scale = rule.init_scale if dynamic else rule
         self._inner = inner_optimizer

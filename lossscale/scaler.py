@@ -203,6 +203,7 @@ class LossScaler(nn.Cell):
         value = Tensor(np.full(shape, initial, np.float32))
         # A frozen scale is a constant of the graph: no checkpoint or host write can change it.
         self.scale_value = value if frozen else Parameter(value, name=scale_name, requires_grad=False)
+        self._frozen_scale = float(initial)
         if name is not None and isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             self.update_cell.rename_parameters(name)
         if self.update_cell is not None and hasattr(self.update_cell, "bind_scale_parameter"):
@@ -314,7 +315,10 @@ class LossScaler(nn.Cell):
 
     def get_scale(self):
         """The scale the device holds: eagerly a Python float (one host sync); inside a compiled function a
-        float32 scalar Tensor read when the graph runs (:func:`lossscale._parameters.read_scalar`)."""
+        float32 scalar Tensor read when the graph runs (:func:`lossscale._parameters.read_scalar`). A frozen
+        scale is a Python float everywhere (no sync)."""
+        if self.frozen:
+            return self._frozen_scale
         return read_scalar(self.scale_value)
 
     def get_scale_tensor(self):

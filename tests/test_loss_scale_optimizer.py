@@ -1,6 +1,7 @@
 """LossScaleOptimizer, held to tf.keras' own loss_scale_optimizer_test.py (Keras 2, whose API it follows):
 the Keras documentation's examples, the dynamic rule, skipped steps that still advance ``iterations``, float16 losses,
 hyperparameter delegation, argument errors, nesting; plus the refusal of wrongly scaled gradients."""
+import gc
 import warnings
 
 import mindspore as ms
@@ -406,6 +407,35 @@ def test_a_checkpoint_resumes_exactly_in_another_wrapper(tmp_path):
     assert _value(opt.loss_scale) == 2.0**11  # backed off once, grew twice
     for name, value in training_state(net).items():
         np.testing.assert_array_equal(training_state(resumed_net)[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compiled):
+    """As in tf.keras (a Python constant): a fixed wrapper holds no scale Parameter, so a checkpoint of a dynamic
+    wrapper of the same name leaves its scale alone (was: the fixed scale silently became the saved one, while
+    ``initial_scale`` still reported the fixed one)."""
+    def build(name, **kwargs):
+        net = regression_net()
+        return net, LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), name=name, **kwargs)
+
+    name = f"keras_fixed_vs_dynamic_{compiled}"  # a wrapper used in a graph keeps its name: one per case
+    _, dynamic = build(name, initial_scale=512.0)
+    path = str(tmp_path / "dynamic.ckpt")
+    ms.save_checkpoint(dynamic, path)
+    del dynamic
+    gc.collect()  # never used in a graph: the name is free again
+    net, fixed = build(name, dynamic=False, initial_scale=128.0)
+    _, unused = ms.load_param_into_net(fixed, ms.load_checkpoint(path))
+    assert f"{name}.scale" in unused
+    control_net, control = build(None, dynamic=False, initial_scale=128.0)
+    step, control_step = keras_step(net, fixed), keras_step(control_net, control)
+    step = ms.jit(step) if compiled else step
+    for x, y in regression_batches(2):
+        _read(step(Tensor(x), Tensor(y)))
+        control_step(Tensor(x), Tensor(y))
+    assert _value(fixed.loss_scale) == fixed.initial_scale == 128.0
+    for name, value in training_state(control_net).items():
+        np.testing.assert_array_equal(training_state(net)[name], value, err_msg=name)
 
 
 def test_eager_and_compiled_give_identical_training():
