@@ -339,26 +339,29 @@ def _one_keras_step(opt, net, pairs, compiled, x, y):
     return _read((ms.jit(step) if compiled else step)(x, y))
 
 
-@pytest.mark.parametrize("compiled, make_pairs, refused", [
-    (compiled, make_pairs, refused) for compiled in (False, True)
-    for make_pairs, refused in (("network order", True), ("optimizer order", False), ("subset", True),
-                                ("look-alike", True))
-    if not (compiled and make_pairs == "look-alike")  # a Parameter's identity is not visible when compiled
-])
+# From Python the pairs' variables are checked by identity. Inside a compiled function a Parameter's identity is
+# not visible: the variables are not checked, the gradients apply by position (here computed for the optimizer's
+# parameters, so the mislabelled "network order" trains correctly), and MindSpore refuses gradients that do not
+# fit the optimizer ("subset") while compiling.
+PAIR_CASES = [(False, "network order", True), (False, "optimizer order", False), (False, "subset", True),
+              (False, "look-alike", True),
+              (True, "network order", False), (True, "optimizer order", False), (True, "subset", True)]
+
+
+@pytest.mark.parametrize("compiled, make_pairs, refused", PAIR_CASES)
 def test_keras_pairs_must_name_the_inner_optimizers_parameters_in_order(compiled, make_pairs, refused):
     """Keras' (gradient, variable) pairs name each gradient's variable, but a MindSpore optimizer applies its i-th
     gradient to its i-th parameter: pairs in another order (a group-parameter optimizer lists its groups in turn)
-    would update a parameter with another one's gradient. From Python they are checked by identity; inside a
-    compiled function, by number and shape (a Parameter's identity is not visible there)."""
+    would update a parameter with another one's gradient. A refused call applies nothing; an accepted one
+    trains as the gradient tuple does."""
     net = regression_net()
     opt = LossScaleOptimizer(group_optimizer(net), initial_scale=2.0**10)
     pairs = _pair_makers(net, opt)[make_pairs]
     x, y = (Tensor(a) for a in regression_batches(1)[0])
     before = training_state(net)
     if refused:
-        pattern = ("'grads_and_vars' must pair each gradient with the inner optimizer's parameter of the same position"
-                   if compiled else "'grads_and_vars' must be the inner optimizer's parameters, in order")
-        with pytest.raises(ValueError, match=pattern):
+        pattern = ("shape|length" if compiled else "'grads_and_vars' must be the inner optimizer's parameters, in order")
+        with pytest.raises((ValueError, RuntimeError), match=pattern):
             _one_keras_step(opt, net, pairs, compiled, x, y)
         assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
         assert (_value(opt.loss_scale), opt.dynamic_counter, opt.iterations.asnumpy().item()) == (2.0**10, 0, 0)
