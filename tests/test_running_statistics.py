@@ -147,3 +147,41 @@ def test_the_guard_adds_no_parameter_and_renames_none():
     names = [name for name, _ in step.parameters_and_names()]
     assert len(names) == len(set(names)) and not any("running_statistics" in name for name in names)
     assert {p.name for p in net.get_parameters()} == set(_state(BatchNormNet()))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_the_grad_scaler_recipe_writes_the_statistics_back_as_the_train_cell(compiled):
+    """The functional front-ends leave the forward pass to the caller (as PyTorch does); the documented recipe
+    (docs/migration.md) saves the statistics before it and writes them back with the skip flag of ``step``:
+    then a skipped step leaves the network as the train cell does."""
+    from lossscale import GradScaler  # pylint: disable=import-outside-toplevel
+
+    net = BatchNormNet()
+    net.set_train()
+    loss_fn = nn.WithLossCell(net, nn.MSELoss())
+    optimizer = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    scaler = GradScaler("cpu", init_scale=1024.0)
+    statistics = RunningStatistics.of(net)
+
+    def forward(x, y):
+        return scaler.scale(loss_fn(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    def train_step(x, y):
+        saved = statistics.save()                     # before the forward pass
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(optimizer, grads)
+        statistics.restore_if(skipped, saved)
+        scaler.update()
+        return skipped
+
+    train_step = ms.jit(train_step) if compiled else train_step
+    x, y = BATCHES[0]
+    bad_x, bad_y = _bad(x, y, "inf_input")
+    skips = [bool(train_step(Tensor(a), Tensor(b)).asnumpy()) for a, b in [BATCHES[0], (bad_x, bad_y), BATCHES[1]]]
+    assert skips == [False, True, False]
+    control_net, control = _cell(FixedLossScaleManager(1024.0, drop_overflow_update=True))
+    assert _train(control, [BATCHES[0], BATCHES[1]]) == [False, False]
+    for name, value in _state(control_net).items():
+        np.testing.assert_allclose(_state(net)[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
