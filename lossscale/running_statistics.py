@@ -44,7 +44,8 @@ def _is_batch_norm(cell):
     from mindspore.nn.layer import normalization  # pylint: disable=import-outside-toplevel
     bases = [getattr(normalization, "_BatchNorm", None), getattr(normalization, "_InstanceNorm", None)]
     try:
-        from mindspore.mint.nn.layer import normalization as mint_normalization  # pylint: disable=import-outside-toplevel
+        from mindspore.mint.nn.layer import (  # pylint: disable=import-outside-toplevel
+            normalization as mint_normalization)
         bases.append(getattr(mint_normalization, "_NormBase", None))
     except ImportError:  # a MindSpore without mint
         pass

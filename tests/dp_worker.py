@@ -10,8 +10,10 @@ can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` 
 ``GradScaler`` (PyTorch's spelling) and ``LossScaleOptimizer`` step, the gradients reduced by the
 user's ``DistributedGradReducer``; run ``minimize_keras`` with ``LossScaleOptimizer.minimize``, which
 reduces them itself. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches
-(the window holding rank 1's inf is skipped). It writes ``rank<R>.json`` (per-step overflow flags
-and scales, counters) and ``rank<R>_<run>.npy`` (the trainable weights after every step, stacked).
+(the window holding rank 1's inf is skipped). Run ``batchnorm`` is ``inject`` with a BatchNorm network, and
+saves its running statistics instead of the weights (both ranks write theirs back on the skipped step). It
+writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npy`` (the
+trainable weights, or statistics, after every step, stacked).
 """
 import json
 import os
@@ -24,23 +26,27 @@ from mindspore.communication import get_group_size, get_rank, init
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import LossPlusInput, regression_batches, regression_net  # noqa: E402  pylint: disable=wrong-import-position
+from nets import (  # noqa: E402  pylint: disable=wrong-import-position
+    BatchNormNet, LossPlusInput, regression_batches, regression_net, running_statistics_of)
 
 from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
                        TrainOneStepWithLossScaleCell)
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
-RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "minimize_keras", "accumulate")
+RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "minimize_keras", "accumulate", "batchnorm")
 
 
 def manager():
     return DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
 
 
-def train(rank, size, inject, accumulation_steps=1):
-    net = regression_net()
+def train(rank, size, inject, accumulation_steps=1, batch_norm=False):
+    """Returns the report and, after every step, the trainable weights (or, with ``batch_norm``, the running
+    statistics of a BatchNorm network), stacked."""
+    net = nn.WithLossCell(BatchNormNet(6, 8, 3), nn.MSELoss()) if batch_norm else regression_net()
     step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
                                          manager().get_update_cell(), accumulation_steps=accumulation_steps)
+    step.set_train()
     share = GLOBAL_BATCH // size
     flags, scales, weights = [], [], []
     for i, (x, y) in enumerate(regression_batches(STEPS, batch=GLOBAL_BATCH)):
@@ -50,7 +56,8 @@ def train(rank, size, inject, accumulation_steps=1):
         _, overflow, scale = step(Tensor(x), Tensor(y))
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
-        weights.append(np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
+        weights.append(running_statistics_of(net) if batch_norm else
+                       np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
     return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
 
 
@@ -144,6 +151,8 @@ def main(out):
             report[run], weights = train_minimize_with_nonfinite_loss(rank)
         elif run == "accumulate":
             report[run], weights = train(rank, size, inject=True, accumulation_steps=2)
+        elif run == "batchnorm":
+            report[run], weights = train(rank, size, inject=True, batch_norm=True)
         else:
             report[run], weights = train(rank, size, inject=run == "inject")
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)

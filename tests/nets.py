@@ -26,6 +26,27 @@ def regression_net(in_features=6, out_features=3, seed=0):
     return nn.WithLossCell(body, nn.MSELoss())
 
 
+class BatchNormNet(nn.Cell):
+    """Dense -> BatchNorm1d -> Dense with deterministic weights: a network whose forward pass updates running
+    statistics. (``mint.nn.BatchNorm1d`` has no CPU kernel in MindSpore 2.10.)"""
+
+    def __init__(self, in_features=4, hidden=4, out_features=1):
+        super().__init__()
+        rng = np.random.RandomState(0)
+        weight, out_weight = rng.randn(hidden, in_features), rng.randn(out_features, hidden)
+        self.dense = nn.Dense(in_features, hidden, weight_init=Tensor(weight.astype(np.float32)), bias_init="zeros")
+        self.norm = nn.BatchNorm1d(hidden)
+        self.out = nn.Dense(hidden, out_features, weight_init=Tensor(out_weight.astype(np.float32)), bias_init="zeros")
+
+    def construct(self, x):
+        return self.out(self.norm(self.dense(x)))
+
+
+def running_statistics_of(net):
+    """The network's BatchNorm moving statistics, concatenated (a NumPy vector)."""
+    return np.concatenate([p.asnumpy().ravel() for p in net.get_parameters() if "moving" in p.name])
+
+
 def regression_batches(count, batch=4, in_features=6, out_features=3, seed=1):
     rng = np.random.RandomState(seed)
     return [(rng.randn(batch, in_features).astype(np.float32), rng.randn(batch, out_features).astype(np.float32))

@@ -86,6 +86,20 @@ def test_an_inf_on_rank_1_in_an_accumulation_window_skips_the_window_on_both_ran
     assert reports[0]["accumulate"] == reports[1]["accumulate"]
 
 
+def test_both_ranks_write_their_batch_norm_statistics_back_on_the_step_only_rank_1_overflowed(two_ranks):
+    """Each rank's statistics are its own (plain BatchNorm); the skip is common, so rank 0 gives back its finite
+    update of the skipped step too, and rank 1 keeps no inf/nan."""
+    reports, weights, _ = two_ranks
+    step = dp_worker.INJECT_STEP
+    for rank, report in enumerate(reports):
+        assert report["batchnorm"]["flags"] == [i == step for i in range(dp_worker.STEPS)]
+        statistics = weights[(rank, "batchnorm")]
+        assert np.isfinite(statistics).all()
+        np.testing.assert_array_equal(statistics[step], statistics[step - 1])
+        assert not np.array_equal(statistics[step + 1], statistics[step])
+    assert not np.array_equal(weights[(0, "batchnorm")], weights[(1, "batchnorm")])
+
+
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
     reports, weights, _ = two_ranks
     for run_name in ("inject", "clean"):

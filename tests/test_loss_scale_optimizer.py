@@ -360,7 +360,7 @@ def test_keras_pairs_must_name_the_inner_optimizers_parameters_in_order(compiled
     x, y = (Tensor(a) for a in regression_batches(1)[0])
     before = training_state(net)
     if refused:
-        pattern = ("shape|length" if compiled else "'grads_and_vars' must be the inner optimizer's parameters, in order")
+        pattern = "shape|length" if compiled else "'grads_and_vars' must be the inner optimizer's parameters, in order"
         with pytest.raises((ValueError, RuntimeError), match=pattern):
             _one_keras_step(opt, net, pairs, compiled, x, y)
         assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())

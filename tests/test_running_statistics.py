@@ -10,24 +10,10 @@ from mindspore import Tensor, mint, nn
 
 from lossscale import DynamicLossScaleManager, FixedLossScaleManager, TrainOneStepWithLossScaleCell
 from lossscale.running_statistics import RunningStatistics
+from nets import BatchNormNet
 
 BATCHES = [(np.random.RandomState(seed).randn(8, 4).astype(np.float32),
             np.random.RandomState(seed + 100).randn(8, 1).astype(np.float32)) for seed in range(4)]
-
-
-class BatchNormNet(nn.Cell):
-    """Dense -> BatchNorm -> Dense, with deterministic weights. (``mint.nn.BatchNorm1d`` has no CPU kernel in
-    MindSpore 2.10: its statistics are found, below, but it cannot train here.)"""
-
-    def __init__(self):
-        super().__init__()
-        rng = np.random.RandomState(0)
-        self.dense = nn.Dense(4, 4, weight_init=Tensor(rng.randn(4, 4).astype(np.float32)), bias_init="zeros")
-        self.norm = nn.BatchNorm1d(4)
-        self.out = nn.Dense(4, 1, weight_init=Tensor(rng.randn(1, 4).astype(np.float32)), bias_init="zeros")
-
-    def construct(self, x):
-        return self.out(self.norm(self.dense(x)))
 
 
 def _cell(manager, **options):
