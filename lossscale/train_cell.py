@@ -335,8 +335,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def _accumulation_step(self, loss, status, grads, scaling_sens, saved):
         micro_flag = self._with_loss_flag(self._flag(status, grads), loss)
-        # This micro-batch's own running statistics go if its own loss or gradients overflowed (on this rank).
-        micro_flag = ops.depend(micro_flag, self._restore_statistics_if(micro_flag != self._zero, saved))
+        if self.running_statistics is not None:
+            # This micro-batch's own running statistics go if its own loss or gradients overflowed (on this rank).
+            micro_flag = ops.depend(micro_flag, self._restore_statistics_if(micro_flag != self._zero, saved))
         window_flag, micro, last = self.accumulation.add(grads, micro_flag)
         if last:
             mean = self.grad_reducer(self.accumulation.mean(self.weights))
