@@ -307,10 +307,12 @@ class LossScaleOptimizer(nn.Cell):
 
     def construct(self, grads):
         refuse_single_tensor(isinstance(grads, Tensor), "grads")
-        return self._apply_step(grads)
+        return self._apply_step(_gradients_of(grads, self._inner.parameters))
 
     def __call__(self, grads):
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")  # before the warning; construct checks compiled calls
+        # Checked before the warning (construct checks compiled calls): one Tensor, None entries, Keras' pairs.
+        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        grads = _gradients_of(grads, self._inner.parameters)
         self._iteration.warn_once_without_scaling()
         return super().__call__(_variable(grads))
 

@@ -144,8 +144,27 @@ def test_get_scaled_loss_callable_and_unscaled_gradients_with_none():
     assert callable(scaled) and _value(scaled()) == 4.0
     unscaled = opt.get_unscaled_gradients([Tensor(np.float32(8.0)), None])
     assert _value(unscaled[0]) == 2.0 and unscaled[1] is None
-    with pytest.raises(ValueError, match="gradient 1 is None"):
-        opt.apply_gradients([Tensor(np.float32(1.0)), None])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["apply_gradients", "call"])
+def test_a_none_gradient_is_refused_by_position(compiled, call):
+    """tf.keras leaves a variable whose gradient is None alone; a MindSpore optimizer updates all its parameters,
+    so a None is refused, naming its position, before anything is applied (the wrapper's call gave MindSpore's
+    "'int' object is not callable")."""
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25), initial_scale=4.0)
+
+    def apply(grad):
+        grads = (grad, None)
+        return opt.apply_gradients(grads) if call == "apply_gradients" else opt(grads)
+
+    apply = ms.jit(apply) if compiled else apply
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with pytest.raises(ValueError, match="gradient 1 is None: MindSpore optimizers need a gradient for every"):
+            _read(apply(Tensor(np.float32(1.0))))
+    assert _value(model.var) == 1.0 and _value(opt.loss_scale) == 4.0 and opt.dynamic_counter == 0
 
 
 def test_hyperparameters_are_delegated():
