@@ -63,7 +63,7 @@ from lossscale._validation import AssertionValueError, check_bool, check_int_in_
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
 from lossscale.presets import PRESET_NAMES, get_preset
-from lossscale.scaler import LossScaler, positive_scale, refuse_single_tensor
+from lossscale.scaler import LossScaler, positive_scale, refuse_non_gradients
 
 PADDLE_DEFAULTS = {"enable": True, "init_loss_scaling": 32768.0, "incr_ratio": 2.0, "decr_ratio": 0.5,
                    "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "use_dynamic_loss_scaling": True}
@@ -249,7 +249,7 @@ class GradScaler:
         ``key``: an int or str naming the optimizer, for several optimizers whose parameters
         have the same shapes; by default the gradients' shapes identify it.
         """
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return grads
         structure = self._states.structure_of(grads)
@@ -279,7 +279,7 @@ class GradScaler:
         of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
         function MindSpore refuses them while compiling).
         """
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return ops.depend(Tensor(False), optimizer(grads))
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))

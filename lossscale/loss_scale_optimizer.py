@@ -42,7 +42,7 @@ from lossscale._validation import TypeValueError
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale, refuse_single_tensor
+from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale, refuse_non_gradients
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -127,7 +127,9 @@ def _check_variables(variables, parameters):
 def _gradients_of(grads_and_vars, parameters):
     """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form), whose
     variables must be ``parameters`` in order (see :func:`_check_variables`)."""
-    refuse_single_tensor(isinstance(grads_and_vars, Tensor), "grads_and_vars")
+    if not isinstance(grads_and_vars, (Tensor, nn.Cell, tuple, list)) and hasattr(grads_and_vars, "__iter__"):
+        grads_and_vars = tuple(grads_and_vars)  # Keras' zip(grads, variables)
+    refuse_non_gradients(grads_and_vars, "grads_and_vars")
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
         _check_variables(tuple(pair[1] for pair in items), parameters)
@@ -300,18 +302,18 @@ class LossScaleOptimizer(nn.Cell):
 
     def get_unscaled_gradients(self, grads):
         """Every gradient divided by the loss scale (in float32); None entries are passed through."""
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        refuse_non_gradients(grads, "grads")
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
         return unscaled
 
     def construct(self, grads):
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        refuse_non_gradients(grads, "grads")
         return self._apply_step(_gradients_of(grads, self._inner.parameters))
 
     def __call__(self, grads):
         # Checked before the warning (construct checks compiled calls): one Tensor, None entries, Keras' pairs.
-        refuse_single_tensor(isinstance(grads, Tensor), "grads")
+        refuse_non_gradients(grads, "grads")
         grads = _gradients_of(grads, self._inner.parameters)
         self._iteration.warn_once_without_scaling()
         return super().__call__(_variable(grads))

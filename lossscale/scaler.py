@@ -362,19 +362,29 @@ class LossScaler(nn.Cell):
 
 
 @constexpr
-def refuse_single_tensor(is_tensor, argument):
-    """TypeError when the gradients given to a front-end are one Tensor instead of a tuple or list (decided at
-    trace time inside a graph: ``is_tensor`` is ``isinstance(grads, Tensor)``). Paddle's ``minimize(optimizer,
-    scaled_loss)`` and PyTorch's ``step(optimizer)`` find the gradients on the optimizer; MindSpore's are values.
+def refuse_non_gradients(grads, argument):
+    """TypeError, at trace time inside a graph, unless ``grads`` (given to a front-end where the gradients go) is
+    a tuple or list. One Tensor is Paddle's habit ``minimize(optimizer, scaled_loss)``; an optimizer is
+    PyTorch's ``unscale_(optimizer)``/``step(optimizer, ...)``: both frameworks find the gradients on the
+    optimizer, while MindSpore's are values.
 
     Example:
-        >>> refuse_single_tensor(False, "grads")
+        >>> refuse_non_gradients((Tensor(np.float32(1.0)),), "grads")
         True
     """
-    if is_tensor:
+    if isinstance(grads, Tensor):
         raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
                         f"mindspore.value_and_grad returns for them), but got a single Tensor. MindSpore gradients "
                         f"are values: differentiate the scaled loss and pass its gradients.")
+    if isinstance(grads, nn.Cell):
+        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer, but "
+                        f"got a Cell (an optimizer?). PyTorch's unscale_(optimizer) and step(optimizer) find the "
+                        f"gradients on the optimizer; MindSpore gradients are values: differentiate the scaled loss "
+                        f"with mindspore.value_and_grad and pass them, e.g. grads = scaler.unscale_(grads), then "
+                        f"scaler.step(optimizer, grads).")
+    if not isinstance(grads, (tuple, list)):
+        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
+                        f"mindspore.value_and_grad returns for them).")
     return True
 
 

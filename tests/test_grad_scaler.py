@@ -960,6 +960,39 @@ def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(c
     assert scaler.state_dict() == control.state_dict()
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("given", ["optimizer", "number"])
+@pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "get_unscaled_gradients"])
+def test_an_optimizer_or_a_number_instead_of_the_gradients_is_refused(compiled, given, call):
+    """PyTorch's habit ``scaler.unscale_(optimizer)`` (was MindSpore's "For 'MultitypeFuncGraph', cannot find fn
+    match"): a TypeError naming the argument, eagerly saying what to do instead, before anything is recorded."""
+    net = nn.Dense(1, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    torch_scaler = GradScaler("cpu", init_scale=8.0)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    value = opt if given == "optimizer" else 1.0
+
+    def run(x):
+        if call == "unscale_":
+            return x, torch_scaler.unscale_(value)
+        if call == "step":
+            return x, torch_scaler.step(opt, value)
+        if call == "apply_gradients":
+            return x, keras.apply_gradients(value)
+        return x, keras.get_unscaled_gradients(value)
+
+    argument = "grads_and_vars" if call == "apply_gradients" else "grads"
+
+    before = training_state(net)
+    pattern = f"'{argument}' must be a tuple or list of gradients"
+    if given == "optimizer" and not compiled:
+        pattern += ".*PyTorch's unscale_\\(optimizer\\)"
+    with pytest.raises(TypeError, match=pattern):
+        _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert torch_scaler._states.between_iterations() and torch_scaler.get_scale() == 8.0
+
+
 def test_optimizer_with_its_own_loss_scale_is_refused():
     scaler = GradScaler("cuda")
     net = regression_net()
