@@ -24,14 +24,25 @@ def write_parameter(parameter, value):
     ops.assign(parameter, Tensor(np.array(np.broadcast_to(array, parameter.shape)), parameter.dtype))
 
 
+def outside_graph(parameter):
+    """True when called from Python, False inside a compiled function (``mindspore.jit``, a Cell's
+    ``construct``), decided at trace time: outside a graph every value is a constant, inside one a Parameter
+    never is. Lets one function do host work (a sync, an identity check) only where it can run.
+
+    Example:
+        >>> from mindspore import Parameter
+        >>> outside_graph(Parameter(Tensor(np.float32(1.0)), name="doc_outside"))
+        True
+    """
+    return F.isconstant(parameter)
+
+
 def read_scalar(parameter, host_value=None):
     """A one-value Parameter's value: eagerly ``host_value`` if given (no sync), else the Parameter's value as a
     Python number (a float, or an int for an integer Parameter; one host sync); inside a compiled function
     (``mindspore.jit``, a Cell's ``construct``) a scalar Tensor read when the graph runs (no sync), so that
-    arithmetic on it follows the Parameter instead of freezing the value it had at compile time.
-
-    Which of the two is decided at trace time: outside a graph every value is a constant, inside one a
-    Parameter never is.
+    arithmetic on it follows the Parameter instead of freezing the value it had at compile time. Which of the
+    two: :func:`outside_graph`.
 
     Example:
         >>> from mindspore import Parameter
@@ -39,6 +50,6 @@ def read_scalar(parameter, host_value=None):
         ...     Parameter(Tensor(np.int32(7)), name="doc_read_int"))
         (2.0, 7)
     """
-    if F.isconstant(parameter):
+    if outside_graph(parameter):
         return parameter.asnumpy().reshape(-1)[0].item() if host_value is None else host_value
     return parameter.reshape(())

@@ -34,9 +34,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
-from mindspore.ops import functional as F
 
 from lossscale._naming import check_name
+from lossscale._parameters import outside_graph
 from lossscale._validation import check_int_in_range
 
 READY, UNSCALED, STEPPED = 0, 1, 2
@@ -75,7 +75,6 @@ def _signature(description):
     return zlib.crc32(repr(description).encode()) & 0xFFFFFF
 
 
-@constexpr
 def _refuse_misfit(descriptions, parameter_shapes):
     """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
     shapes = tuple(None if description is None else tuple(description[0]) for description in descriptions)
@@ -163,9 +162,8 @@ class OptimizerStates(nn.Cell):
         otherwise fail inside the optimizer after the step was recorded (gradients of equal shapes in another
         order cannot be told apart). Inside a compiled function nothing is checked here: MindSpore's shape
         inference refuses such gradients while compiling, before anything runs, and the check would cost
-        0.1 s of compile time (measured). Eager or compiled is decided at trace time, as in
-        :func:`lossscale._parameters.read_scalar`."""
-        if F.isconstant(parameters[0]):
+        0.1 s of compile time (measured). Eager or compiled: :func:`lossscale._parameters.outside_graph`."""
+        if outside_graph(parameters[0]):
             return _refuse_misfit(self.hyper_map(_describe, grads), tuple(parameter.shape for parameter in parameters))
         return True
 
