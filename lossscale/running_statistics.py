@@ -38,9 +38,9 @@ def _tensor_restore(skipped, statistic, saved):
     return ops.assign(statistic, ops.select(skipped, saved, statistic))
 
 
-def _is_batch_norm(cell):
-    """MindSpore's and mint's BatchNorm families and MindSpore's InstanceNorm (their private bases, looked up so
-    that any may be absent)."""
+def _layer_types():
+    """The classes of the layers guarded: MindSpore's and mint's BatchNorm families and MindSpore's InstanceNorm
+    (their private bases, looked up so that any may be absent)."""
     from mindspore.nn.layer import normalization  # pylint: disable=import-outside-toplevel
     bases = [getattr(normalization, "_BatchNorm", None), getattr(normalization, "_InstanceNorm", None)]
     try:
@@ -49,7 +49,7 @@ def _is_batch_norm(cell):
         bases.append(getattr(mint_normalization, "_NormBase", None))
     except ImportError:  # a MindSpore without mint
         pass
-    return isinstance(cell, tuple(base for base in bases if base is not None))
+    return tuple(base for base in bases if base is not None)
 
 
 class RunningStatistics(nn.Cell):
@@ -68,9 +68,9 @@ class RunningStatistics(nn.Cell):
     @classmethod
     def of(cls, network):
         """A guard of ``network``'s BatchNorm statistics, or None if it has none."""
-        statistics, seen = [], set()
+        statistics, seen, layer_types = [], set(), _layer_types()
         for _, cell in network.cells_and_names():
-            if not _is_batch_norm(cell):
+            if not isinstance(cell, layer_types):
                 continue
             for parameter in cell.get_parameters(expand=False):
                 if not parameter.requires_grad and id(parameter) not in seen:
