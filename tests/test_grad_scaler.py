@@ -868,9 +868,9 @@ def test_correct_use_right_after_a_refused_one():
     assert scaler.state_dict()["_growth_tracker"] == 2  # update() ended the refused (clean) iteration too
 
 
-def _single_tensor_calls(torch_scaler, paddle_scaler, keras, opt):
-    """Each front-end call given one Tensor where the gradients go (Paddle's ``minimize(optimizer, scaled_loss)``
-    habit), as functions of that Tensor, with the argument name the error must give."""
+def _gradient_calls(torch_scaler, paddle_scaler, keras, opt):
+    """Each front-end call where the gradients go, as a function of what is given there, with the argument name
+    the error must give."""
     def unscale_(grad):
         return torch_scaler.unscale_(grad)
 
@@ -895,19 +895,33 @@ def _single_tensor_calls(torch_scaler, paddle_scaler, keras, opt):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("given", ["tensor", "optimizer", "number"])
 @pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "get_unscaled_gradients", "call"])
-def test_one_tensor_instead_of_the_gradients_is_refused(compiled, call):
-    """A TypeError naming the argument (was: 'Cannot iterate over a scalar tensor' from MindSpore), before
-    anything is recorded or applied."""
+def test_anything_but_the_gradients_is_refused(compiled, given, call):
+    """One Tensor (Paddle's habit ``minimize(optimizer, scaled_loss)``; was MindSpore's 'Cannot iterate over a scalar
+    tensor'), an optimizer (PyTorch's ``unscale_(optimizer)``; was "For 'MultitypeFuncGraph', cannot find fn
+    match") or a number: a TypeError naming the argument (for an optimizer, eagerly saying what to do instead),
+    before anything is recorded or applied."""
     net = nn.Dense(1, 1)
     opt = nn.SGD(net.trainable_params(), 0.1)
     torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
     keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
-    function, argument = _single_tensor_calls(torch_scaler, paddle_scaler, keras, opt)[call]
-    function = ms.jit(function) if compiled else function
+    function, argument = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)[call]
+    if given == "tensor":  # a runtime input of the compiled function
+        run, argument_value = function, Tensor(np.ones((1, 1), np.float32))
+    else:  # an optimizer cannot be one, a number would be a constant: both are captured
+        value = opt if given == "optimizer" else 1.0
+
+        def run(x):
+            return x, function(value)
+
+        argument_value = Tensor(np.float32(1.0))
     before = training_state(net)
-    with pytest.raises(TypeError, match=f"'{argument}' must be a tuple or list of gradients"):
-        _read(function(Tensor(np.ones((1, 1), np.float32))))
+    pattern = f"'{argument}' must be a tuple or list of gradients"
+    if given == "optimizer" and not compiled:
+        pattern += ".*PyTorch's unscale_\\(optimizer\\)"
+    with pytest.raises(TypeError, match=pattern):
+        _read((ms.jit(run) if compiled else run)(argument_value))
     assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
     for scaler in (torch_scaler, paddle_scaler):
         assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
@@ -958,39 +972,6 @@ def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(c
     control.update()
     _same_training_state(net, control_net, rtol=0, atol=0)
     assert scaler.state_dict() == control.state_dict()
-
-
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("given", ["optimizer", "number"])
-@pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "get_unscaled_gradients"])
-def test_an_optimizer_or_a_number_instead_of_the_gradients_is_refused(compiled, given, call):
-    """PyTorch's habit ``scaler.unscale_(optimizer)`` (was MindSpore's "For 'MultitypeFuncGraph', cannot find fn
-    match"): a TypeError naming the argument, eagerly saying what to do instead, before anything is recorded."""
-    net = nn.Dense(1, 1)
-    opt = nn.SGD(net.trainable_params(), 0.1)
-    torch_scaler = GradScaler("cpu", init_scale=8.0)
-    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
-    value = opt if given == "optimizer" else 1.0
-
-    def run(x):
-        if call == "unscale_":
-            return x, torch_scaler.unscale_(value)
-        if call == "step":
-            return x, torch_scaler.step(opt, value)
-        if call == "apply_gradients":
-            return x, keras.apply_gradients(value)
-        return x, keras.get_unscaled_gradients(value)
-
-    argument = "grads_and_vars" if call == "apply_gradients" else "grads"
-
-    before = training_state(net)
-    pattern = f"'{argument}' must be a tuple or list of gradients"
-    if given == "optimizer" and not compiled:
-        pattern += ".*PyTorch's unscale_\\(optimizer\\)"
-    with pytest.raises(TypeError, match=pattern):
-        _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
-    assert torch_scaler._states.between_iterations() and torch_scaler.get_scale() == 8.0
 
 
 def test_optimizer_with_its_own_loss_scale_is_refused():
