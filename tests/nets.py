@@ -255,9 +255,10 @@ class GradScalerRun(ReferenceRun):
         super().__init__(net, scaler.scale, optimizer.parameters, apply, compiled)
 
 
-def keras_step(loss_fn, optimizer):
+def keras_step(loss_fn, optimizer, pairs=None):
     """The tf.keras recipe as one (uncompiled) step ``step(x, y) -> skipped``: ``get_scaled_loss(loss_fn(x, y))``,
-    differentiated, ``get_unscaled_gradients``, ``apply_gradients`` of the LossScaleOptimizer ``optimizer``."""
+    differentiated, ``get_unscaled_gradients``, ``apply_gradients`` of the LossScaleOptimizer ``optimizer`` (of
+    ``pairs(grads)``, Keras' ``(gradient, variable)`` pairs, if ``pairs`` is given)."""
     def forward(x, y):
         return optimizer.get_scaled_loss(loss_fn(x, y))
 
@@ -265,7 +266,8 @@ def keras_step(loss_fn, optimizer):
 
     def step(x, y):
         _, grads = grad_fn(x, y)
-        return optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+        grads = optimizer.get_unscaled_gradients(grads)
+        return optimizer.apply_gradients(grads if pairs is None else pairs(grads))
 
     return step
 

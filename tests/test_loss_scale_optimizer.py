@@ -344,17 +344,9 @@ def _pair_makers(net, opt):
 
 
 def _one_keras_step(opt, net, pairs, compiled, x, y):
-    """Keras' recipe with ``apply_gradients(pairs(grads))`` (or the gradient tuple if ``pairs`` is None)."""
-    def forward(a, b):
-        return opt.get_scaled_loss(net(a, b))
-
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-
-    def step(a, b):
-        _, grads = grad_fn(a, b)
-        grads = opt.get_unscaled_gradients(grads)
-        return opt.apply_gradients(grads if pairs is None else pairs(grads))
-
+    """One step of :func:`nets.keras_step` with ``apply_gradients(pairs(grads))`` (or the gradient tuple if
+    ``pairs`` is None), read on the host."""
+    step = keras_step(net, opt, pairs)
     return _read((ms.jit(step) if compiled else step)(x, y))
 
 
