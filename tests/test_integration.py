@@ -126,6 +126,34 @@ def test_model_in_dataset_sink_mode_matches_step_by_step_training():
         np.testing.assert_array_equal(sunk[name], value, err_msg=name)
 
 
+def test_model_keeps_inputs_declared_dynamic_so_a_short_last_batch_does_not_recompile():
+    """MindSpore's Model carries ``set_inputs`` of the network and loss over to its train network; ours must too,
+    or every batch of another size compiles the train cell again."""
+    x, x_bad, y = _classification_data_with_inf()
+    rows = 60  # batches of 8, the last of 4
+
+    def train(data_x, data_y, manager):
+        net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+        loss = _loss_fn()
+        net.set_inputs(Tensor(shape=[None, 8], dtype=ms.float32))
+        loss.set_inputs(Tensor(shape=[None, 2], dtype=ms.float32), Tensor(shape=[None], dtype=ms.int32))
+        model = Model(net, loss, nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=manager)
+        recorder = StepRecorder()
+        model.train(1, _dataset(data_x, data_y), callbacks=[recorder], dataset_sink_mode=False)
+        return snapshot(net), model.train_network, recorder.rows
+
+    scaled, train_network, rows_seen = train(x_bad[:rows], y[:rows], DynamicLossScaleManager(2**8, scale_window=1000))
+    keep = np.ones(rows, bool)
+    keep[16:24] = False  # the batch holding BAD_ROW
+    control, _, _ = train(x[:rows][keep], y[:rows][keep], FixedLossScaleManager(1.0, drop_overflow_update=False))
+
+    assert [overflow for overflow, _ in rows_seen] == [step == 2 for step in range(8)]
+    assert [tuple(t.shape) for t in train_network.get_inputs()] == [(-1, 8), (-1,)]
+    assert len(train_network.compile_cache) == 1
+    for name, value in control.items():
+        np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_mindspore_model_refuses_dynamic_scaling_on_cpu_but_accepts_our_manager_type():
     net = nn.Dense(8, 2)
     with pytest.raises(ValueError, match="supported on device `CPU`"):
