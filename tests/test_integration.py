@@ -4,7 +4,7 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
-from mindspore.train import Accuracy, Callback, LossMonitor
+from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, ModelCheckpoint
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -152,6 +152,33 @@ def test_model_keeps_inputs_declared_dynamic_so_a_short_last_batch_does_not_reco
     assert len(train_network.compile_cache) == 1
     for name, value in control.items():
         np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_model_resumed_from_a_model_checkpoint_file_continues_as_the_uninterrupted_run(tmp_path):
+    """MindSpore's ModelCheckpoint callback saves the train network: weights, optimizer state, the scale and the
+    counters. Loaded into a new Model's train network, the second epoch replays the uninterrupted one exactly."""
+    _, x_bad, y = _classification_data_with_inf()
+
+    def model():
+        net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+        return Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
+                     loss_scale_manager=DynamicLossScaleManager(2**10, scale_window=3))
+
+    uninterrupted, recorder = model(), StepRecorder()
+    uninterrupted.train(2, _dataset(x_bad, y), callbacks=[recorder], dataset_sink_mode=False)
+    first = model()
+    first.train(1, _dataset(x_bad, y), dataset_sink_mode=False,
+                callbacks=[ModelCheckpoint("run", str(tmp_path), CheckpointConfig(save_checkpoint_steps=8))])
+    resumed, resumed_recorder = model(), StepRecorder()
+    assert ms.load_param_into_net(resumed.train_network, ms.load_checkpoint(str(tmp_path / "run-1_8.ckpt"))) == (
+        [], [])
+    resumed.train(1, _dataset(x_bad, y), callbacks=[resumed_recorder], dataset_sink_mode=False)
+
+    assert resumed_recorder.rows == recorder.rows[8:]
+    assert recorder.rows[8:] != recorder.rows[:8]  # the scale of epoch 2 starts where epoch 1 left it
+    expected = snapshot(uninterrupted.train_network)
+    for name, value in snapshot(resumed.train_network).items():
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
 
 
 def test_mindspore_model_refuses_dynamic_scaling_on_cpu_but_accepts_our_manager_type():
