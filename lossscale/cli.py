@@ -25,6 +25,7 @@ import time
 import warnings
 
 from lossscale._text import format_scale
+from lossscale._validation import FLOAT32_MAX
 
 EXIT_OK, EXIT_STALLED, EXIT_USAGE = 0, 1, 2
 PRECISIONS = {"fp32": "O0", "O0": "O0", "O2": "O2", "O3": "O3"}
@@ -85,7 +86,9 @@ def _number(convert, description, check):
 _positive_int = _number(int, "a positive integer", lambda v: v > 0)
 _seed = _number(int, "an integer in [0, 2**32-1]", lambda v: 0 <= v < 2**32)
 _positive_float = _number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
-_scale_value = _number(float, "a finite number >= 1", lambda v: math.isfinite(v) and v >= 1)
+# A loss scale is a float32 Parameter: a larger number would be inf.
+_scale_value = _number(float, "a number in [1, 3.4e38] (float32's range)", lambda v: 1 <= v <= FLOAT32_MAX)
+_probe_scale = _number(float, "a number in (0, 3.4e38] (float32's range)", lambda v: 0 < v <= FLOAT32_MAX)
 
 
 def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
@@ -112,7 +115,8 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
         try:
             value = _scale_value(text)
         except argparse.ArgumentTypeError:
-            raise CliError(f"--loss-scale fixed:S needs a finite number S >= 1, but got {text!r}") from None
+            raise CliError(f"--loss-scale fixed:S needs a number S in [1, 3.4e38] (float32's range), "
+                           f"but got {text!r}") from None
         return f"fixed:{value:g}", _manager("fixed", value)
     if spec.startswith("preset:"):
         name = spec[len("preset:"):]
@@ -244,7 +248,7 @@ def build_parser():
     _add_model_and_data(inspect, DEFAULTS)
     inspect.add_argument("--precision", default="O3", choices=FP16_PRECISIONS,
                          help="the fp16 level whose gradients are measured at --scale")
-    inspect.add_argument("--scale", type=_positive_float, default=1.0, help="loss scale to evaluate")
+    inspect.add_argument("--scale", type=_probe_scale, default=1.0, help="loss scale to evaluate")
     inspect.add_argument("--batches", type=_positive_int, default=4, help="training batches to sample")
     _add_training(inspect, 0, "train in fp32 for this many epochs first, measuring the largest scale without "
                   "overflow at the start and after every epoch (0: the untrained network only)",
