@@ -3,7 +3,7 @@ import contextlib
 import itertools
 
 import numpy as np
-from mindspore import Tensor, get_context, nn, ops
+from mindspore import Parameter, Tensor, get_context, nn, ops
 
 
 def check_train_arguments(network, optimizer, scale_sense):
@@ -11,11 +11,30 @@ def check_train_arguments(network, optimizer, scale_sense):
     if not isinstance(network, nn.Cell):
         raise TypeError(f"'network' must be a mindspore.nn.Cell (the network with its loss, one output), but got "
                         f"{type(network).__name__}.")
-    if not isinstance(optimizer, nn.Optimizer):
-        raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, but got {type(optimizer).__name__}.")
+    if not (isinstance(optimizer, nn.Optimizer) or is_parameter_optimizer(optimizer)):
+        raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding its Parameters in "
+                        f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}.")
     if not isinstance(scale_sense, (nn.Cell, Tensor)):
         raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
     refuse_sparse_gradients_on_cpu(network)
+
+
+def is_parameter_optimizer(optimizer):
+    """Whether ``optimizer`` is a Cell holding its Parameters in ``parameters``, as MindSpore's train cells need
+    (``mindspore.experimental.optim`` and ``mint.optim`` optimizers, which are not ``nn.Optimizer``s)."""
+    parameters = getattr(optimizer, "parameters", None)
+    return (isinstance(optimizer, nn.Cell) and isinstance(parameters, (tuple, list))
+            and all(isinstance(parameter, Parameter) for parameter in parameters))
+
+
+def refuse_nn_optimizer_options(optimizer, options):
+    """ValueError for the ``options`` (name -> value) that are on but need an ``nn.Optimizer``'s ``get_lr()`` and
+    ``global_step``, which the PyTorch-style optimizers of ``mindspore.experimental.optim`` do not have."""
+    wanted = [name for name, value in options.items() if value]
+    if wanted and not isinstance(optimizer, nn.Optimizer):
+        raise ValueError(f"{', '.join(repr(name) for name in wanted)} need a mindspore.nn.Optimizer (its get_lr() and "
+                         f"global_step), but the optimizer is {type(optimizer).__module__}.{type(optimizer).__name__}, "
+                         f"whose learning-rate schedulers are stepped from Python. Leave them False with it.")
 
 
 def fixed_scale_of(scale_sense):

@@ -31,7 +31,7 @@ from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
 from lossscale._cell_checks import (check_loss_output, check_train_arguments, fixed_scale_of, host_call,
-                                    host_call_token, refuse_without_host_call)
+                                    host_call_token, refuse_nn_optimizer_options, refuse_without_host_call)
 from lossscale._validation import check_bool, check_int_in_range
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
@@ -57,10 +57,13 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     Args:
         network (Cell): network with loss; single output.
-        optimizer (Cell): the optimizer. Its ``loss_scale`` must be 1 (default),
-            except with a fixed scale equal to it (MindSpore's
-            ``FixedLossScaleManager(S, False)`` convention), in which case the
-            optimizer unscales and this cell does not.
+        optimizer (Cell): the optimizer: an ``nn.Optimizer``, or one of the
+            PyTorch-style optimizers of ``mindspore.experimental.optim`` /
+            ``mint.optim`` (as MindSpore's cells accept; not with ``extra_outputs``
+            or ``lr_per_micro_batch``, which need ``get_lr()`` and ``global_step``).
+            Its ``loss_scale`` must be 1 (default), except with a fixed scale equal
+            to it (MindSpore's ``FixedLossScaleManager(S, False)`` convention), in
+            which case the optimizer unscales and this cell does not.
         scale_sense (Union[Cell, Tensor]): an update cell (e.g.
             :class:`lossscale.DynamicLossScaleUpdateCell`, or MindSpore's) or a
             float32 Tensor of shape () or (1,) changed with :meth:`set_sense_scale`.
@@ -151,6 +154,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.running_statistics = RunningStatistics.of(network) if self.drop_overflow_update else None
         self.extra_outputs = check_bool("extra_outputs", extra_outputs)
         self.lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
+        refuse_nn_optimizer_options(optimizer, {"extra_outputs": self.extra_outputs,
+                                                "lr_per_micro_batch": self.lr_per_micro_batch})
         self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status

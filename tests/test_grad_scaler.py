@@ -14,7 +14,7 @@ import warnings
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mint, nn, ops
 
 from backend_standins import SaturatingNet, StatusRegister
 from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
@@ -59,9 +59,17 @@ def _read(outputs):
     return outputs
 
 
+def _state_of(cells):
+    """training_state of a Cell, or of several (a network and its optimizer) merged."""
+    return {name: value for cell in (cells if isinstance(cells, tuple) else (cells,))
+            for name, value in training_state(cell).items()}
+
+
 def _same_training_state(a, b, rtol=1e-5, atol=1e-7):
-    for name, value in training_state(a).items():
-        np.testing.assert_allclose(training_state(b)[name], value, rtol=rtol, atol=atol, err_msg=name)
+    expected, actual = _state_of(a), _state_of(b)
+    assert expected.keys() == actual.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(actual[name], value, rtol=rtol, atol=atol, err_msg=name)
 
 
 # ---- PyTorch's _run_scaling_case ----------------------------------------------------------------------
@@ -109,11 +117,14 @@ def _control(net, opt, clip=None):
 SCALING_CASES = {"basic": (_basic, None), "clipping_separate_unscale": (_clipping_separate_unscale, 0.2)}
 
 
-def _run_scaling_case(case, enabled, compiled, optimizer=nn.SGD):
+def _sgd(params):
+    return nn.SGD(params, learning_rate=0.05)
+
+
+def _run_scaling_case(case, enabled, compiled, optimizer=_sgd):
     build, clip = SCALING_CASES[case]
     control_net, scaled_net = regression_net(), regression_net()
-    control_opt = optimizer(control_net.trainable_params(), learning_rate=0.05)
-    scaled_opt = optimizer(scaled_net.trainable_params(), learning_rate=0.05)
+    control_opt, scaled_opt = optimizer(control_net.trainable_params()), optimizer(scaled_net.trainable_params())
     # PyTorch's: a modest initial scale and growth every iteration, so growth errors are magnified.
     scaler = GradScaler("cuda", init_scale=128.0, growth_factor=2.0, enabled=enabled, growth_interval=1)
     control, scaled = _control(control_net, control_opt, clip), build(scaler, scaled_net, scaled_opt)
@@ -122,7 +133,7 @@ def _run_scaling_case(case, enabled, compiled, optimizer=nn.SGD):
     for i, (x, y) in enumerate(_batches()):
         control(x, y, Tensor(enabled and i == SKIP_ITER))
         scaled(x, y, Tensor(enabled and i == SKIP_ITER))
-    return scaler, control_net, scaled_net
+    return scaler, (control_net, control_opt), (scaled_net, scaled_opt)
 
 
 @pytest.mark.parametrize("case", sorted(SCALING_CASES))
@@ -133,9 +144,16 @@ def test_run_scaling_case(case, enabled, compiled):
     _same_training_state(control, scaled)
 
 
-def test_run_scaling_case_with_adam_moments():
-    _, control, scaled = _run_scaling_case("basic", True, True, optimizer=nn.Adam)
-    _same_training_state(control, scaled)  # Adam's moments and step untouched on the skipped iteration
+@pytest.mark.parametrize("optimizer", [
+    lambda params: nn.Adam(params, learning_rate=0.05),
+    # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
+    lambda params: ms.experimental.optim.Adam(params, lr=0.05),
+    lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9),
+], ids=["adam", "experimental_adam", "mint_sgd"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
+    _, control, scaled = _run_scaling_case("clipping_separate_unscale", True, compiled, optimizer=optimizer)
+    _same_training_state(control, scaled)  # moments and step counts untouched on the skipped iteration
 
 
 def test_accumulation_over_two_micro_batches():

@@ -2,7 +2,7 @@
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, load_checkpoint, load_param_into_net, nn, save_checkpoint
+from mindspore import Tensor, load_checkpoint, load_param_into_net, mint, nn, save_checkpoint
 from mindspore.common import dtype as mstype
 
 from lossscale import (
@@ -77,7 +77,10 @@ def _control_and_scaled(optimizer_factory, scale_sense_factory, batches, inject_
 @pytest.mark.parametrize("optimizer_factory", [
     lambda net: nn.Adam(net.trainable_params(), learning_rate=0.01),
     lambda net: nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9),
-], ids=["adam", "momentum"])
+    # MindSpore's PyTorch-style optimizers (not nn.Optimizer), which MindSpore's own train cells accept
+    lambda net: ms.experimental.optim.Adam(net.trainable_params(), lr=0.01),
+    lambda net: mint.optim.SGD(net.trainable_params(), lr=0.05, momentum=0.9),
+], ids=["adam", "momentum", "experimental_adam", "mint_sgd"])
 def test_differential_control_vs_scaled_with_injected_inf(optimizer_factory):
     manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=3)
     batches = regression_batches(12)
@@ -200,6 +203,19 @@ def test_bad_scale_sense(scale_sense, error, pattern):
     net = regression_net()
     with pytest.raises(error, match=pattern):
         TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), scale_sense)
+
+
+def test_optimizer_must_hold_its_parameters_and_pytorch_style_ones_refuse_nn_optimizer_options():
+    net = regression_net()
+    with pytest.raises(TypeError, match=r"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding "
+                                        r"its Parameters in 'parameters' .* but got ReLU\."):
+        TrainOneStepWithLossScaleCell(net, nn.ReLU(), Tensor(1.0))
+    adam = ms.experimental.optim.Adam(net.trainable_params(), lr=0.01)
+    for option in ("extra_outputs", "lr_per_micro_batch"):
+        with pytest.raises(ValueError, match=rf"'{option}' need a mindspore.nn.Optimizer \(its get_lr\(\) and "
+                                             r"global_step\), but the optimizer is "
+                                             r"mindspore\.experimental\.optim\.adam\.Adam, "):
+            TrainOneStepWithLossScaleCell(net, adam, Tensor(1.0), **{option: True})
 
 
 def test_bad_overflow_check_and_drop_flag():
