@@ -283,7 +283,10 @@ class LossScaler(nn.Cell):
         return ops.not_equal(flag, self._zero)
 
     def adjust(self, overflow):
-        """Apply the update rule to the scale for this step's ``overflow``; return ``overflow``."""
+        """Apply the update rule to the scale for this step's ``overflow`` (True: back off); return ``overflow``.
+
+        The opposite polarity of ``mindspore.amp.DynamicLossScaler.adjust(grads_finite)``: its migration is
+        ``GradScaler.update()`` (docs/migration.md)."""
         if self.update_cell is None:
             return overflow
         return self.update_cell(self.scale_value, overflow)

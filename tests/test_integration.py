@@ -9,12 +9,14 @@ from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, M
 from lossscale import (
     DynamicLossScaleManager,
     FixedLossScaleManager,
+    GradScaler,
     Model,
     TrainOneStepWithLossScaleCell,
     build_train_network,
+    get_preset,
 )
 from lossscale.policy import run
-from nets import regression_net, snapshot
+from nets import regression_batches, regression_net, snapshot, with_inf
 
 BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch
 
@@ -250,3 +252,55 @@ def test_model_without_manager_is_mindspore_default():
     net = nn.Dense(8, 2)
     model = Model(net, _loss_fn(), nn.SGD(net.trainable_params(), 0.1))
     assert type(model.train_network) is nn.TrainOneStepCell
+
+
+def _functional_run(make_scaler, step_with):
+    """MindSpore's functional mixed-precision loop (value_and_grad + jit) on regression batches, an inf in batch 2;
+    returns the weights and the scale after each step."""
+    net = regression_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.02, 0.9)
+    scaler = make_scaler()
+
+    def forward(x, y):
+        return scaler.scale(net(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        _, grads = grad_fn(x, y)
+        return step_with(scaler, optimizer, grads)
+
+    scales = []
+    for i, (x, y) in enumerate(regression_batches(8, seed=3)):
+        x = with_inf(x) if i == 2 else x
+        train_step(Tensor(x), Tensor(y))
+        scales.append(float(scaler.scale_value.asnumpy()) if hasattr(scaler, "scale_value") else scaler.get_scale())
+    return snapshot(net), scales
+
+
+def _mindspore_step(scaler, optimizer, grads):
+    is_finite = ms.amp.all_finite(grads)
+    if is_finite:
+        optimizer(scaler.unscale(grads))
+    scaler.adjust(is_finite)
+    return is_finite
+
+
+def _lossscale_step(scaler, optimizer, grads):
+    skipped = scaler.step(optimizer, grads)
+    scaler.update()
+    return skipped
+
+
+def test_mindspore_functional_loop_translates_to_grad_scaler_with_the_mindspore_preset():
+    """mindspore.amp.DynamicLossScaler + all_finite (MindSpore's functional recipe) against the translation of
+    docs/migration.md: the same scales and weights (a power-of-two factor: MindSpore's scaler divides by the
+    factor where the rule multiplies by its reciprocal, which is exact only then)."""
+    theirs, their_scales = _functional_run(lambda: ms.amp.DynamicLossScaler(2**10, 2, 3), _mindspore_step)
+    ours, our_scales = _functional_run(
+        lambda: GradScaler(policy=get_preset("mindspore", init_scale=2**10, growth_factor=2.0, growth_interval=3)),
+        _lossscale_step)
+    assert our_scales == their_scales == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 1024.0, 1024.0]
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
