@@ -1262,6 +1262,49 @@ def test_pytorch_state_dict_round_trip():
                 s1.state_dict()["_growth_tracker"]) == (3.0, 4.0, 0.5, 2, 0)
 
 
+@pytest.mark.parametrize("make, poisoned, expected", [
+    # at the split: the scale 64 (not the initial one) and two clean steps counted, so the next one grows
+    (lambda: GradScaler("cuda", init_scale=256.0, growth_interval=3), {0, 1},
+     [128.0, 64.0, 64.0, 64.0, 128.0, 128.0, 128.0, 256.0]),
+    # at the split: the scale 128 and one bad step of two pending, so the next bad one backs off
+    (lambda: GradScaler(init_loss_scaling=256.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2), {0, 1, 3, 4},
+     [256.0, 128.0, 128.0, 128.0, 64.0, 64.0, 64.0, 128.0]),
+], ids=["pytorch", "paddle"])
+def test_resumed_from_state_dict_and_checkpoint_is_the_uninterrupted_run(make, poisoned, expected, tmp_path):
+    """Stopped mid-run with counts running, saved as a user does (the network and optimizer with
+    mindspore.save_checkpoint, the scaler's state_dict) and resumed into new objects in one compiled step: the
+    same skips, scales and weights as the run that never stopped."""
+    split = 4
+
+    def fresh():
+        net = regression_net()
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+        scaler = make()
+        return net, opt, scaler, ms.jit(_basic(scaler, net, opt))
+
+    def train(parts, batches, first):
+        _, _, scaler, step = parts
+        scales = []
+        for i, (x, y) in enumerate(batches, start=first):
+            _read(step(x, y, Tensor(i in poisoned)))
+            scales.append(scaler.get_scale())
+        return scales
+
+    batches = _batches(8)
+    uninterrupted = fresh()
+    assert train(uninterrupted, batches, 0) == expected
+    first = fresh()
+    before = train(first, batches[:split], 0)
+    path = str(tmp_path / "run.ckpt")
+    ms.save_checkpoint(first[1], path)  # the optimizer holds the weights and its own state
+    state = first[2].state_dict()
+    resumed = fresh()
+    assert ms.load_param_into_net(resumed[1], ms.load_checkpoint(path)) == ([], [])
+    resumed[2].load_state_dict(state)
+    assert before + train(resumed, batches[split:], split) == expected
+    _same_training_state((uninterrupted[0], uninterrupted[1]), (resumed[0], resumed[1]), rtol=0, atol=0)
+
+
 def test_paddle_state_dict_has_paddles_keys_and_loads_paddles_own():
     scaler = GradScaler(init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3,
                         decr_every_n_nan_or_inf=2)
