@@ -364,7 +364,10 @@ class LossScaler(nn.Cell):
             self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
 
 
-@constexpr
+# check=False: only the kind of ``grads`` matters here, never the values of its tensors, which inside a graph are not
+# constants; MindSpore would otherwise log "is a constexpr function. The input arguments must be all constant value"
+# at every compilation of the user's step.
+@constexpr(check=False)
 def refuse_non_gradients(grads, argument):
     """TypeError, at trace time inside a graph, unless ``grads`` (given to a front-end where the gradients go) is
     a tuple or list. One Tensor is Paddle's habit ``minimize(optimizer, scaled_loss)``; an optimizer is

@@ -8,6 +8,7 @@ regression test per defect of the 0.1.0 front-end.
 """
 import gc
 import inspect
+import logging
 import pickle
 import warnings
 
@@ -1260,6 +1261,37 @@ def test_pytorch_state_dict_round_trip():
         s1.load_state_dict(s0.state_dict())
         assert (s1.get_scale(), s1.get_growth_factor(), s1.get_backoff_factor(), s1.get_growth_interval(),
                 s1.state_dict()["_growth_tracker"]) == (3.0, 4.0, 0.5, 2, 0)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_compiling_the_front_ends_logs_no_warning_of_ours():
+    """Every call of a front-end inside a compiled step, once: MindSpore logged "The "refuse_non_gradients" is a
+    constexpr function. The input arguments must be all constant value." at every compilation of a user's step."""
+    records = _Records()
+    ms_logger = ms.log._get_logger()  # pylint: disable=protected-access
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    scaler = GradScaler("cuda", init_scale=64.0)
+    torch_step = ms.jit(_clipping_separate_unscale(scaler, net, opt))
+    keras_net = regression_net()
+    keras_opt = LossScaleOptimizer(nn.SGD(keras_net.trainable_params(), 0.05))
+    keras = ms.jit(keras_step(keras_net, keras_opt))
+    x, y = _batches(1)[0]
+    ms_logger.addHandler(records)
+    try:
+        _read(torch_step(x, y, Tensor(False)))
+        _read(keras(x, y))
+    finally:
+        ms_logger.removeHandler(records)
+    assert not [message for message in records.messages if "constexpr" in message], records.messages
 
 
 @pytest.mark.parametrize("make, poisoned, expected", [
