@@ -29,9 +29,26 @@ TRAIN_CELL_OPTIONS = ("clip_global_norm", "accumulation_steps", "overflow_policy
                       "debug_overflow", "overflow_check", "extra_outputs", "lr_per_micro_batch")
 
 
+def _refuse_loss_scale_optimizer(optimizer):
+    """Keras' habit ``model.compile(optimizer=LossScaleOptimizer(...))``: Keras' ``fit`` scales for the wrapper,
+    MindSpore's ``Model`` scales through ``loss_scale_manager``. Refused with the translation, instead of
+    MindSpore's "The type of 'optimizer' should be one of ..." (or an unscaled training)."""
+    from lossscale.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
+
+    if isinstance(optimizer, LossScaleOptimizer):
+        rule = (f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={optimizer.initial_scale!r}, "
+                f"growth_interval={optimizer.dynamic_growth_steps!r}))" if optimizer.dynamic else
+                f"FixedLossScaleManager({optimizer.initial_scale!r})")
+        raise TypeError(f"'optimizer' is a LossScaleOptimizer. Keras' Model.fit scales the loss for it; this Model "
+                        f"scales through 'loss_scale_manager': pass its inner optimizer with the same rule, "
+                        f"optimizer=opt.inner_optimizer, loss_scale_manager={rule}. (A LossScaleOptimizer scales in "
+                        f"your own training step: get_scaled_loss, get_unscaled_gradients, apply_gradients.)")
+
+
 def _check_build_arguments(network, optimizer, level, kwargs):
     if not isinstance(network, nn.Cell):
         raise TypeError(f"'network' must be a mindspore.nn.Cell, but got {type(network).__name__}.")
+    _refuse_loss_scale_optimizer(optimizer)
     if not isinstance(optimizer, nn.Optimizer):
         raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, but got {type(optimizer).__name__}.")
     if not isinstance(level, str) or level not in AMP_LEVELS:
@@ -186,6 +203,7 @@ class Model(_MindSporeModel):
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
                  amp_level="O0", boost_level="O0", **kwargs):
+        _refuse_loss_scale_optimizer(optimizer)
         self._train_cell_options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
         check_boost_level(boost_level, self._train_cell_options, kwargs.get("loss_scale_manager"))
         if kwargs.get("keep_batchnorm_fp32") is not None:  # MindSpore's Model takes None as "the level's default"

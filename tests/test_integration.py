@@ -1,4 +1,6 @@
 """lossscale.Model and build_train_network on CPU; compatibility with MindSpore's own classes."""
+import re
+
 import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
@@ -10,13 +12,14 @@ from lossscale import (
     DynamicLossScaleManager,
     FixedLossScaleManager,
     GradScaler,
+    LossScaleOptimizer,
     Model,
     TrainOneStepWithLossScaleCell,
     build_train_network,
     get_preset,
 )
 from lossscale.policy import run
-from nets import regression_batches, regression_net, snapshot, with_inf
+from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
 
 BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch
 
@@ -304,3 +307,40 @@ def test_mindspore_functional_loop_translates_to_grad_scaler_with_the_mindspore_
     assert our_scales == their_scales == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 1024.0, 1024.0]
     for name, value in theirs.items():
         np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
+def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_that_trains_alike():
+    """Keras' model.compile(optimizer=LossScaleOptimizer(opt)): Keras' fit scales for the wrapper, MindSpore's Model
+    through loss_scale_manager. Refused (it was MindSpore's "The type of 'optimizer' should be one of ..."), and the
+    translation the error gives trains as the wrapper does in a tf.keras-style step: same skips and scales."""
+    x, x_bad, y = _classification_data_with_inf()
+    net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    wrapper = LossScaleOptimizer(nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2**10,
+                                 dynamic_growth_steps=3)
+    translation = ("optimizer=opt.inner_optimizer, loss_scale_manager=DynamicLossScaleManager.from_policy("
+                   "get_preset('tf_keras', init_scale=1024.0, growth_interval=3))")
+    with pytest.raises(TypeError, match=re.escape(translation)):
+        Model(net, _loss_fn(), wrapper)
+    with pytest.raises(TypeError, match="'optimizer' is a LossScaleOptimizer"):
+        build_train_network(net, wrapper, _loss_fn(), level="O2")
+    with pytest.raises(TypeError, match=re.escape("loss_scale_manager=FixedLossScaleManager(64.0)")):
+        Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False,
+                                                  initial_scale=64.0))
+
+    manager = DynamicLossScaleManager.from_policy(get_preset("tf_keras", init_scale=1024.0, growth_interval=3))
+    model = Model(net, _loss_fn(), wrapper.inner_optimizer, loss_scale_manager=manager)
+    recorder = StepRecorder()
+    model.train(1, _dataset(x_bad, y), callbacks=[recorder], dataset_sink_mode=False)
+
+    keras_net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    keras_opt = LossScaleOptimizer(nn.Momentum(keras_net.trainable_params(), 0.05, 0.9), initial_scale=2**10,
+                                   dynamic_growth_steps=3)
+    step = ms.jit(keras_step(nn.WithLossCell(keras_net, _loss_fn()), keras_opt))
+    rows = []
+    for start in range(0, 64, 8):
+        skipped = step(Tensor(x_bad[start:start + 8]), Tensor(y[start:start + 8]))
+        rows.append((bool(skipped.asnumpy()), float(keras_opt.loss_scale.asnumpy())))
+    assert recorder.rows == rows and [skipped for skipped, _ in rows] == [i == 2 for i in range(8)]
+    assert [scale for _, scale in rows] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 1024.0, 1024.0]
+    for ours, keras in zip(net.trainable_params(), keras_net.trainable_params()):
+        np.testing.assert_allclose(ours.asnumpy(), keras.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=ours.name)
