@@ -32,9 +32,11 @@ def refuse_nn_optimizer_options(optimizer, options):
     ``global_step``, which the PyTorch-style optimizers of ``mindspore.experimental.optim`` do not have."""
     wanted = [name for name, value in options.items() if value]
     if wanted and not isinstance(optimizer, nn.Optimizer):
-        raise ValueError(f"{', '.join(repr(name) for name in wanted)} need a mindspore.nn.Optimizer (its get_lr() and "
-                         f"global_step), but the optimizer is {type(optimizer).__module__}.{type(optimizer).__name__}, "
-                         f"whose learning-rate schedulers are stepped from Python. Leave them False with it.")
+        verb = "needs" if len(wanted) == 1 else "need"
+        raise ValueError(f"{', '.join(repr(name) for name in wanted)} {verb} a mindspore.nn.Optimizer (its get_lr() "
+                         f"and global_step), but the optimizer is "
+                         f"{type(optimizer).__module__}.{type(optimizer).__name__}, whose learning-rate schedulers are "
+                         f"stepped from Python. Leave them False with it.")
 
 
 def fixed_scale_of(scale_sense):

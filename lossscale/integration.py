@@ -36,13 +36,25 @@ def _refuse_loss_scale_optimizer(optimizer):
     from lossscale.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
 
     if isinstance(optimizer, LossScaleOptimizer):
-        rule = (f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={optimizer.initial_scale!r}, "
-                f"growth_interval={optimizer.dynamic_growth_steps!r}))" if optimizer.dynamic else
-                f"FixedLossScaleManager({optimizer.initial_scale!r})")
         raise TypeError(f"'optimizer' is a LossScaleOptimizer. Keras' Model.fit scales the loss for it; this Model "
                         f"scales through 'loss_scale_manager': pass its inner optimizer with the same rule, "
-                        f"optimizer=opt.inner_optimizer, loss_scale_manager={rule}. (A LossScaleOptimizer scales in "
-                        f"your own training step: get_scaled_loss, get_unscaled_gradients, apply_gradients.)")
+                        f"optimizer=opt.inner_optimizer, loss_scale_manager={_manager_for(optimizer)}. (A "
+                        f"LossScaleOptimizer scales in your own training step: get_scaled_loss, "
+                        f"get_unscaled_gradients, apply_gradients.)")
+
+
+def _manager_for(wrapper):
+    """The manager expression with the rule of the LossScaleOptimizer ``wrapper``, as short as it can be said."""
+    from lossscale.presets import get_preset  # pylint: disable=import-outside-toplevel
+
+    if not wrapper.dynamic:
+        return f"FixedLossScaleManager({wrapper.initial_scale!r})"
+    policy = wrapper._core.policy  # pylint: disable=protected-access
+    keras = get_preset("tf_keras", init_scale=policy.init_scale, growth_interval=policy.growth_interval)
+    if policy == keras:
+        return (f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={policy.init_scale!r}, "
+                f"growth_interval={policy.growth_interval!r}))")
+    return f"DynamicLossScaleManager.from_policy({policy!r})"
 
 
 def _check_build_arguments(network, optimizer, level, kwargs):

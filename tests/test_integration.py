@@ -326,6 +326,8 @@ def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_t
     with pytest.raises(TypeError, match=re.escape("loss_scale_manager=FixedLossScaleManager(64.0)")):
         Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False,
                                                   initial_scale=64.0))
+    with pytest.raises(TypeError, match=re.escape(f"DynamicLossScaleManager.from_policy({get_preset('keras')!r})")):
+        Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy="keras"))
 
     manager = DynamicLossScaleManager.from_policy(get_preset("tf_keras", init_scale=1024.0, growth_interval=3))
     model = Model(net, _loss_fn(), wrapper.inner_optimizer, loss_scale_manager=manager)

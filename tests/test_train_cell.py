@@ -212,7 +212,7 @@ def test_optimizer_must_hold_its_parameters_and_pytorch_style_ones_refuse_nn_opt
         TrainOneStepWithLossScaleCell(net, nn.ReLU(), Tensor(1.0))
     adam = ms.experimental.optim.Adam(net.trainable_params(), lr=0.01)
     for option in ("extra_outputs", "lr_per_micro_batch"):
-        with pytest.raises(ValueError, match=rf"'{option}' need a mindspore.nn.Optimizer \(its get_lr\(\) and "
+        with pytest.raises(ValueError, match=rf"'{option}' needs a mindspore.nn.Optimizer \(its get_lr\(\) and "
                                              r"global_step\), but the optimizer is "
                                              r"mindspore\.experimental\.optim\.adam\.Adam, "):
             TrainOneStepWithLossScaleCell(net, adam, Tensor(1.0), **{option: True})
