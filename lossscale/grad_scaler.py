@@ -123,6 +123,13 @@ def _refuse_optimizer_loss_scale(loss_scale):
 
 
 @constexpr
+def _refuse_optimizer_without_parameters():
+    raise TypeError("'optimizer' must hold its Parameters in 'parameters', as mindspore.nn.Optimizer and the "
+                    "mindspore.experimental.optim / mint.optim optimizers do (and MindSpore's train cells need): step() "
+                    "checks the gradients against them. Give your optimizer Cell a 'parameters' tuple.")
+
+
+@constexpr
 def _checked_new_scale(value):
     """update(new_scale) with a number: validated, as a float32 Tensor."""
     return Tensor(positive_scale("new_scale", value), mstype.float32)
@@ -283,7 +290,10 @@ class GradScaler:
         if not self._enabled:
             return ops.depend(Tensor(False), optimizer(grads))
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
-        self._states.refuse_misfit(grads, optimizer.parameters)
+        parameters = getattr(optimizer, "parameters", None)
+        if parameters is None:
+            _refuse_optimizer_without_parameters()
+        self._states.refuse_misfit(grads, parameters)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         column = self._states.column(slot)

@@ -1006,6 +1006,36 @@ def test_optimizer_with_its_own_loss_scale_is_refused():
     assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
 
 
+class _OptimizerWithoutParameters(nn.Cell):
+    """A hand-written optimizer Cell that keeps its Parameters under another name."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.params = ms.ParameterTuple(params)
+
+    def construct(self, grads):
+        return self.hyper_map(ops.assign_sub, self.params, grads)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_an_optimizer_without_parameters_is_refused_by_name_before_anything_is_recorded(compiled):
+    """It gave "The 'X' object has no attribute 'parameters'" from inside step() (compiled: a ClassMember error)."""
+    scaler = GradScaler("cuda")
+    net = regression_net()
+    bad, good = _OptimizerWithoutParameters(net.trainable_params()), nn.SGD(net.trainable_params(), 0.05)
+    _, grads = _grad_fn(scaler, net, good)(*_batches(1)[0])
+
+    def step(optimizer, gradients):
+        return scaler.step(optimizer, gradients)
+
+    step = ms.jit(step) if compiled else step
+    before = training_state(net)
+    with pytest.raises(TypeError, match="'optimizer' must hold its Parameters in 'parameters'"):
+        _read(step(bad, grads))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert not bool(_read(step(good, grads)).asnumpy())  # the same iteration's step is not refused as a second one
+
+
 @pytest.mark.parametrize("change, flags, expected", [
     (lambda s: s.set_growth_interval(1), [F, F], [4096.0, 8192.0]),
     (lambda s: s.set_backoff_factor(0.25), [T, F], [512.0, 512.0]),
