@@ -11,6 +11,12 @@ def check_train_arguments(network, optimizer, scale_sense):
     if not isinstance(network, nn.Cell):
         raise TypeError(f"'network' must be a mindspore.nn.Cell (the network with its loss, one output), but got "
                         f"{type(network).__name__}.")
+    from lossscale.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
+
+    if isinstance(optimizer, LossScaleOptimizer):
+        raise TypeError("'optimizer' is a LossScaleOptimizer, which scales in your own training step; this cell scales "
+                        "itself: give it the inner optimizer (opt.inner_optimizer) and an update cell with the rule "
+                        "(e.g. DynamicLossScaleUpdateCell.from_policy(get_preset('tf_keras'))).")
     if not (isinstance(optimizer, nn.Optimizer) or is_parameter_optimizer(optimizer)):
         raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding its Parameters in "
                         f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}.")

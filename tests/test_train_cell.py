@@ -9,6 +9,7 @@ from lossscale import (
     DynamicLossScaleManager,
     FixedLossScaleManager,
     FixedLossScaleUpdateCell,
+    LossScaleOptimizer,
     TrainOneStepWithLossScaleCell,
     build_train_network,
 )
@@ -210,6 +211,10 @@ def test_optimizer_must_hold_its_parameters_and_pytorch_style_ones_refuse_nn_opt
     with pytest.raises(TypeError, match=r"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding "
                                         r"its Parameters in 'parameters' .* but got ReLU\."):
         TrainOneStepWithLossScaleCell(net, nn.ReLU(), Tensor(1.0))
+    # a Keras wrapper holds 'parameters' too, and with a fixed scale of 1 its 'loss_scale' passed the loss-scale check
+    wrapper = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False, initial_scale=1.0)
+    with pytest.raises(TypeError, match=r"'optimizer' is a LossScaleOptimizer, .* give it the inner optimizer"):
+        TrainOneStepWithLossScaleCell(net, wrapper, Tensor(1.0))
     adam = ms.experimental.optim.Adam(net.trainable_params(), lr=0.01)
     for option in ("extra_outputs", "lr_per_micro_batch"):
         with pytest.raises(ValueError, match=rf"'{option}' needs a mindspore.nn.Optimizer \(its get_lr\(\) and "
