@@ -60,6 +60,7 @@ from mindspore.ops import constexpr
 from lossscale import overflow as _overflow
 from lossscale._naming import claim_name, free_name
 from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
+from lossscale.clipping import global_norm
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
 from lossscale.presets import PRESET_NAMES, get_preset
@@ -265,7 +266,8 @@ class GradScaler:
         refused = self._states.refuse_unscale(column)
         seen = _overflow.fingerprint(self._hyper_map, grads)
         unscaled = self._core.unscale(grads)
-        recorded = self._states.record_unscale(slot, self._decide(unscaled), seen, structure)
+        recorded = self._states.record_unscale(slot, self._decide(unscaled), seen, structure,
+                                               global_norm(self._hyper_map, unscaled))
         # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
         return ops.depend(unscaled, (refused, recorded))
 
@@ -301,7 +303,8 @@ class GradScaler:
             seen = _overflow.fingerprint(self._hyper_map, grads)
             nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
             found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
-            code = self._states.scaled_gradients_code(column, seen, self._core.scale_value)
+            code = self._states.scaled_gradients_code(column, seen, global_norm(self._hyper_map, grads),
+                                                      self._core.scale_value)
             to_apply = grads
         else:
             to_apply = self._core.unscale(grads)

@@ -6,7 +6,8 @@ Per optimizer slot, between two ``update()`` calls::
     unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
 
 Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the scaled
-gradients ``unscale_()`` was given and their structure live in one float32 Parameter
+gradients ``unscale_()`` was given, their structure and the global norm of the gradients it returned
+live in one float32 Parameter
 (``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
 calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
 non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table
@@ -41,10 +42,13 @@ from lossscale._validation import check_int_in_range
 
 READY, UNSCALED, STEPPED = 0, 1, 2
 # step() refusal codes (0: none)
-STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS = 1, 2, 3
+STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED = 1, 2, 3, 4
 # rows of the iteration table
-STAGE, FOUND_INF, FINGERPRINT, STRUCTURE = range(4)
-ROWS = STRUCTURE + 1
+STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM = range(5)
+ROWS = NORM + 1
+# step() after unscale_() refuses gradients whose global norm exceeds the unscaled ones' by more than this factor:
+# the slack covers rounding in float16 clipping (2**-11 per value), far below the factor S of scaled gradients.
+NORM_SLACK = 1.01
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
 _INSTANCES = itertools.count()
@@ -137,8 +141,9 @@ class OptimizerStates(nn.Cell):
         # Tensor constants rather than Python numbers in graph arithmetic (see lossscale.overflow).
         self._ready, self._unscaled, self._stepped = (Tensor(float(v), mstype.float32)
                                                       for v in (READY, UNSCALED, STEPPED))
-        self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous = (
-            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS))
+        self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous, self._larger = (
+            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED))
+        self._norm_slack = Tensor(NORM_SLACK, mstype.float32)
         self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
         # Per-slot constants as tuples of Tensors: a constant index into a tuple costs nothing to compile,
         # while indexing a Tensor inside a graph compiles MindSpore's whole getitem machinery each time.
@@ -147,9 +152,9 @@ class OptimizerStates(nn.Cell):
         self._slot_columns = tuple(Tensor(eye[i][None, :]) for i in range(capacity))  # (1, capacity) masks
         self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
         self._step_rows = _row_mask(STAGE, FOUND_INF)
-        self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE)
+        self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM)
         # STRUCTURE is kept across iterations (refusals compare structures within one only).
-        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, width=capacity)
+        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, NORM, width=capacity)
 
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
@@ -210,16 +215,27 @@ class OptimizerStates(nn.Cell):
                                "has already unscaled and applied these gradients), or update() first.")
         return stage
 
-    def scaled_gradients_code(self, column, fingerprint, scale):
-        """step() after unscale_(): SCALED_GRADIENTS if ``fingerprint`` is that of the scaled gradients
-        unscale_() was given (only detectable while the scale is not 1), else 0.
+    def scaled_gradients_code(self, column, fingerprint, norm, scale):
+        """step() after unscale_(), while the scale is not 1 (else both kinds of gradients are the same):
+        SCALED_GRADIENTS if ``fingerprint`` is that of the scaled gradients unscale_() was given;
+        LARGER_THAN_UNSCALED if their global ``norm`` exceeds that of the gradients unscale_() returned by more
+        than NORM_SLACK; else 0.
 
-        Only finite fingerprints count: gradients holding an inf unscale to gradients holding the same inf
-        (both fingerprints inf), and unscale_() recorded that overflow, so the step is skipped anyway."""
-        seen = column[FINGERPRINT]
-        recognisable = ops.logical_and(ops.isfinite(seen), ops.logical_and(seen != self._zero, scale != self._one))
+        What may happen between unscale_() and step() in PyTorch's recipes (clipping by global norm, by
+        norm or by value, masking, averaging) never raises the norm. Scaled gradients that were clipped
+        (the return value of unscale_() dropped, then the usual clipping) are S times larger until clipped:
+        at the clip norm, above the true norm whenever that is below it, and the fingerprint no longer
+        matches them. Only finite records count: gradients holding an inf unscale to gradients holding the
+        same inf, and unscale_() recorded that overflow, so the step is skipped anyway; given gradients
+        with an inf are skipped too."""
+        seen, unscaled_norm = column[FINGERPRINT], column[NORM]
+        scale_matters = scale != self._one
+        recognisable = ops.logical_and(ops.isfinite(seen), ops.logical_and(seen != self._zero, scale_matters))
         scaled = ops.logical_and(fingerprint == seen, recognisable)
-        return ops.select(scaled, self._scaled_gradients, self._no_misuse)
+        comparable = ops.logical_and(ops.logical_and(ops.isfinite(unscaled_norm), ops.isfinite(norm)), scale_matters)
+        larger = ops.logical_and(norm > unscaled_norm * self._norm_slack, comparable)
+        code = ops.select(larger, self._larger, self._no_misuse)
+        return ops.select(scaled, self._scaled_gradients, code)
 
     def ready_code(self, slot, column, structure):
         """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot
@@ -241,6 +257,13 @@ class OptimizerStates(nn.Cell):
             raise RuntimeError("step() got the scaled gradients that unscale_() was given for this optimizer. In "
                                "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
                                "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads).")
+        if code == LARGER_THAN_UNSCALED:
+            raise RuntimeError("step() got gradients with a larger global norm than the ones unscale_() returned for "
+                               "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
+                               "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
+                               "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
+                               "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
+                               "only changes that do not raise the norm are accepted.")
         if code == AMBIGUOUS:
             raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
                                "this iteration, so they may be unscaled already: pass the same key to unscale_() "
@@ -264,8 +287,8 @@ class OptimizerStates(nn.Cell):
         """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
         return ops.assign(self.table, self._written(self.table, where, values))
 
-    def record_unscale(self, slot, found, fingerprint, structure):
-        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32))).reshape(
+    def record_unscale(self, slot, found, fingerprint, structure, norm):
+        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32), norm)).reshape(
             (ROWS, 1))
         return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
 
@@ -278,7 +301,7 @@ class OptimizerStates(nn.Cell):
         not a record followed by a reset: MindSpore 2.10 failed to compile that pair ("Cannot join the
         return values of different branches") when the gradients were an input of the compiled function."""
         refused = code != self._no_misuse
-        values = ops.stack((self._stepped, found, self._zero, self._zero)).reshape((ROWS, 1))
+        values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((ROWS, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
         table = self._written(self.table, where, values)
         if ends_iteration is not None:

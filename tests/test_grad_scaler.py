@@ -809,6 +809,20 @@ def _misuse_cases(scaler, opt, grad_fn):
         scaler.step(opt, grads)  # PyTorch habit: the S-times gradients
         return scaler.update()
 
+    def dropped_returned_gradients_then_clipped(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.unscale_(grads)
+        # PyTorch's recipe with the return value dropped: the scaled gradients clipped to a norm above the true one,
+        # so they no longer match what unscale_ was given, and would apply gradients of norm 10 for the true 0.9
+        scaler.step(opt, ops.clip_by_global_norm(grads, 10.0))
+        return scaler.update()
+
+    def dropped_returned_gradients_then_clamped(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.unscale_(grads)
+        scaler.step(opt, tuple(ops.clip_by_value(g, -1.0, 1.0) for g in grads))  # the true ones are below 0.34
+        return scaler.update()
+
     def mismatched_keys(x, y):
         _, grads = grad_fn(x, y)
         grads = scaler.unscale_(grads, key=0)
@@ -830,14 +844,19 @@ def _misuse_cases(scaler, opt, grad_fn):
         scaler.step(opt, grads)
         return scaler.unscale_(grads)
 
+    larger = "larger global norm than the ones unscale_"
     return {"dropped_returned_gradients": (dropped_returned_gradients, "scaled gradients that unscale_"),
+            "dropped_returned_gradients_then_clipped": (dropped_returned_gradients_then_clipped, larger),
+            "dropped_returned_gradients_then_clamped": (dropped_returned_gradients_then_clamped, larger),
             "mismatched_keys": (mismatched_keys, "shaped like the ones unscale_"),
             "unscale_twice": (unscale_twice, r"unscale_\(\) has already been called"),
             "step_twice": (step_twice, r"step\(\) has already been called since the last update"),
             "unscale_after_step": (unscale_after_step, r"unscale_\(\) is being called after step")}
 
 
-MISUSES = ["dropped_returned_gradients", "mismatched_keys", "unscale_twice", "step_twice", "unscale_after_step"]
+MISUSES = ["dropped_returned_gradients", "dropped_returned_gradients_then_clipped",
+           "dropped_returned_gradients_then_clamped", "mismatched_keys", "unscale_twice", "step_twice",
+           "unscale_after_step"]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -855,6 +874,50 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     applied = not all(np.array_equal(before[k], v) for k, v in training_state(net).items())
     assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
     assert scaler.get_scale() == 1024.0
+
+
+def _clamped(grads):
+    return tuple(ops.clip_by_value(g, -0.05, 0.05) for g in grads)
+
+
+def _centralized(grads):
+    return tuple(g - g.mean() for g in grads)
+
+
+def _averaged(grads):
+    return tuple(g / 2 for g in grads)
+
+
+def _masked(grads):
+    return (ops.zeros_like(grads[0]),) + tuple(grads[1:])
+
+
+# What PyTorch users do between unscale_ and step besides clipping by global norm (run_scaling_case): none raises
+# the global norm, so none may be refused by the check that catches the scaled gradients clipped. (Functions, not
+# lambdas: MindSpore's compiler cannot parse a lambda inside a dict.)
+NORM_KEEPING = {"clamp": _clamped, "centralize": _centralized, "average": _averaged, "mask": _masked}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("transform", sorted(NORM_KEEPING))
+def test_changes_between_unscale_and_step_that_keep_the_norm_train_as_a_control(transform, compiled):
+    change = NORM_KEEPING[transform]
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net, control_net = regression_net(), regression_net()
+    opt, control_opt = nn.SGD(net.trainable_params(), 0.05), nn.SGD(control_net.trainable_params(), 0.05)
+    grad_fn, control_fn = _grad_fn(scaler, net, opt), ms.value_and_grad(control_net, None, control_opt.parameters)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(opt, change(scaler.unscale_(grads)))
+        scaler.update()
+        return skipped
+
+    step = ms.jit(step) if compiled else step
+    for x, y in _batches(2):
+        assert not bool(_read(step(x, y)).asnumpy())
+        control_opt(change(control_fn(x, y)[1]))
+    _same_training_state(control_net, net)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
