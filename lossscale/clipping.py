@@ -17,17 +17,14 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
-from lossscale.overflow import is_empty, multiply_gradients
+from lossscale.overflow import multiply_gradients, square_sum
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
 
 @_square_sum.register("Tensor")
 def _tensor_square_sum(grad):
-    if is_empty(grad):
-        return Tensor(0.0, mstype.float32)
-    grad = ops.cast(grad, mstype.float32)
-    return ops.reduce_sum(grad * grad)
+    return square_sum(grad)
 
 
 def global_norm(hyper_map, grads):
