@@ -162,14 +162,14 @@ def _gemv_row(row_values, grad):
     return ops.matmul(ops.broadcast_to(row_values, (1, matrix.shape[0])), matrix)
 
 
-def square_sum(grad):
-    """``sum(grad ** 2)`` in float32 (graph mode; 0 for an empty gradient). Large gradients are summed through
-    a GEMV row: MindSpore's CPU ``ReduceSum`` of a 1024 x 1024 tensor takes 5.4 ms, the row 0.7 ms with the
-    squares (measured)."""
+def square_sum(grad, through_gemv=True):
+    """``sum(grad ** 2)`` in float32 (0 for an empty gradient). In a graph, large gradients are summed through a
+    GEMV row: MindSpore's CPU ``ReduceSum`` of a 1024 x 1024 tensor takes 5.4 ms, the row 0.7 ms with the
+    squares (measured). Eagerly (``through_gemv=False``) MindSpore's CPU ``MatMul`` is the slower one."""
     if is_empty(grad):
         return _ZERO
     grad = ops.cast(grad, mstype.float32)
-    if grad.size >= GEMV_PROBE_MIN_SIZE:
+    if through_gemv and grad.size >= GEMV_PROBE_MIN_SIZE:
         return ops.reduce_sum(_gemv_row(_ONE, grad * grad))
     return ops.reduce_sum(grad * grad)
 
