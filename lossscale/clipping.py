@@ -14,11 +14,10 @@ Example:
     ([0.6, 0.8], 0.0, 5.0)
 """
 from mindspore import Tensor, nn, ops
-from mindspore.ops import functional as F
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_finite_in_range
-from lossscale.overflow import multiply_gradients, square_sum
+from lossscale.overflow import is_constant, multiply_gradients, square_sum
 
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
@@ -30,9 +29,10 @@ def _tensor_square_sum(through_gemv, grad):
 
 def global_norm(hyper_map, grads):
     """The float32 global L2 norm of ``grads``. Large gradients are summed through a GEMV row inside a graph, and
-    with ReduceSum eagerly (PyNative, where MindSpore's CPU MatMul is slower: the MLP's norm took 20 ms against
-    9 ms), decided at trace time (:func:`lossscale._parameters.outside_graph`'s test, on the gradients)."""
-    return ops.sqrt(ops.addn(hyper_map(ops.partial(_square_sum, not F.isconstant(grads)), grads)))
+    with ReduceSum for gradients that are constants (eagerly, in PyNative mode, where MindSpore's CPU MatMul is
+    slower: the MLP's norm took 20 ms against 9 ms), decided at trace time by
+    :func:`lossscale.overflow.is_constant`."""
+    return ops.sqrt(ops.addn(hyper_map(ops.partial(_square_sum, not is_constant(grads)), grads)))
 
 
 class GlobalNormClip(nn.Cell):
