@@ -58,10 +58,12 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale import overflow as _overflow
+from lossscale._eager_calls import CompiledCalls
 from lossscale._naming import claim_name, free_name
+from lossscale._parameters import outside_graph
 from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
 from lossscale.clipping import global_norm
-from lossscale.optimizer_states import OptimizerStates
+from lossscale.optimizer_states import STAGE, OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
 from lossscale.presets import PRESET_NAMES, get_preset
 from lossscale.scaler import LossScaler, positive_scale, refuse_non_gradients
@@ -137,6 +139,75 @@ def _checked_new_scale(value):
 
 
 @ms.jit_class
+class _IterationGraph:
+    """The graph part of the GradScaler's calls: unscale and record, decide a step, update from the checks.
+
+    Kept apart from the scaler so that the compiled versions of these methods, which the scaler
+    keeps (:mod:`lossscale._eager_calls`), hold this object and not the scaler: MindSpore keeps
+    what a compiled Cell uses alive while the Cell lives, so through the scaler that would be a
+    cycle that no garbage collection breaks (measured: the scaler and its name were never freed).
+
+    Args:
+        core (LossScaler), states (OptimizerStates): the scaler's.
+        step_ends_fixed_iteration (bool): Paddle: with a fixed scale ``update()`` does nothing, so
+            ``step()`` itself starts the next iteration. PyTorch's scale is always dynamic.
+    """
+
+    def __init__(self, core, states, step_ends_fixed_iteration):
+        self._core = core
+        self._states = states
+        self._hyper_map = ops.HyperMap()
+        self._step_ends_fixed_iteration = step_ends_fixed_iteration
+
+    def unscale_and_record(self, grads, slot, structure):
+        """``(grads / S, the slot's stage before)``; records the unscale only if that stage was READY (else
+        the caller refuses it and nothing has changed)."""
+        column = self._states.column(slot)
+        seen = _overflow.fingerprint(self._hyper_map, grads)
+        unscaled = self._core.unscale(grads)
+        recorded = self._states.record_unscale(slot, column, self.decide(unscaled), seen, structure,
+                                               global_norm(self._hyper_map, unscaled))
+        return ops.depend(unscaled, recorded), ops.depend(column[STAGE], recorded)
+
+    def decide(self, unscaled):
+        """float32 0/1: these unscaled gradients overflowed on some rank (the core all-reduces the flag in
+        parallel modes, so a loss that is non-finite on one rank only skips the step on every rank)."""
+        return ops.cast(self._core.is_overflow(self._core.flag(None, unscaled)), mstype.float32)
+
+    def step_decision(self, grads, slot, structure):
+        """``(the gradients to apply, skipped, refusal code)`` for step(), with the step recorded unless
+        refused (code != 0)."""
+        column = self._states.column(slot)
+        if self._states.unscaled(column):
+            seen = _overflow.fingerprint(self._hyper_map, grads)
+            nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+            found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
+            code = self._states.scaled_gradients_code(column, seen, global_norm(self._hyper_map, grads),
+                                                      self._core.scale_value)
+            to_apply = grads
+        else:
+            to_apply = self._core.unscale(grads)
+            found = self.decide(to_apply)
+            code = self._states.ready_code(slot, column, structure)
+        skipped = self._states.record_step(slot, found, code, self._step_ends_iteration())
+        return to_apply, skipped, code
+
+    def _step_ends_iteration(self):
+        """Whether this step starts the next iteration (a bool scalar), or None for never."""
+        if self._step_ends_fixed_iteration:
+            return ops.logical_not(self._core.dynamic_flag())
+        return None
+
+    def update_from_checks(self):
+        """Adjust the scale from this iteration's overflows and start the next iteration.
+
+        Not merged with the refusal under an ``if``: MindSpore 2.10 dropped the writes of such a branch from a
+        compiled ``update()`` (measured)."""
+        self._core.adjust(self._core.is_overflow(self._states.any_found()))
+        return self._states.reset()
+
+
+@ms.jit_class
 class GradScaler:
     """Dynamic (or fixed) loss scaling for ``mindspore.value_and_grad`` loops: Paddle's ``GradScaler``.
 
@@ -178,6 +249,7 @@ class GradScaler:
     """
 
     _FIELDS = _PADDLE_FIELDS
+    _STEP_ENDS_FIXED_ITERATION = True
 
     def __new__(cls, *args, **kwargs):
         if cls is GradScaler and _spelling(args, kwargs) == "torch":
@@ -206,13 +278,15 @@ class GradScaler:
         self._enabled = enabled
         self._core = None
         self._states = None
+        self._iteration = None
+        self._calls = CompiledCalls()
         self._dynamic = dynamic
-        self._hyper_map = ops.HyperMap()
         if enabled:
             prefix = claim_name(name, self, "grad_scaler")
             self._core = LossScaler(self._policy, name=prefix, overflow_check=overflow_check, mutable_rule=True)
             self._core.set_rule(dynamic=dynamic)
             self._states = OptimizerStates(prefix)
+            self._iteration = _IterationGraph(self._core, self._states, self._STEP_ENDS_FIXED_ITERATION)
 
     @staticmethod
     def _base_rule():
@@ -262,19 +336,17 @@ class GradScaler:
             return grads
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        column = self._states.column(slot)
-        refused = self._states.refuse_unscale(column)
-        seen = _overflow.fingerprint(self._hyper_map, grads)
-        unscaled = self._core.unscale(grads)
-        recorded = self._states.record_unscale(slot, self._decide(unscaled), seen, structure,
-                                               global_norm(self._hyper_map, unscaled))
+        unscaled, stage = self._run(self._iteration.unscale_and_record, grads, slot, structure)
         # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
-        return ops.depend(unscaled, (refused, recorded))
+        return ops.depend(unscaled, self._states.refuse_unscale(stage))
 
-    def _decide(self, unscaled):
-        """float32 0/1: these unscaled gradients overflowed on some rank (the core all-reduces the flag in
-        parallel modes, so a loss that is non-finite on one rank only skips the step on every rank)."""
-        return ops.cast(self._core.is_overflow(self._core.flag(None, unscaled)), mstype.float32)
+    def _run(self, method, *args):
+        """``method(*args)``: inline inside a compiled function; called from Python, compiled once per method
+        and gradient structure (:mod:`lossscale._eager_calls`), so an eager iteration launches a few graphs
+        instead of a few hundred small kernels."""
+        if outside_graph(self._states.table):
+            return self._calls.run(method, *args)
+        return method(*args)
 
     def step(self, optimizer, grads, key=None):
         """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
@@ -298,29 +370,13 @@ class GradScaler:
         self._states.refuse_misfit(grads, parameters)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        column = self._states.column(slot)
-        if self._states.unscaled(column):
-            seen = _overflow.fingerprint(self._hyper_map, grads)
-            nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
-            found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
-            code = self._states.scaled_gradients_code(column, seen, global_norm(self._hyper_map, grads),
-                                                      self._core.scale_value)
-            to_apply = grads
-        else:
-            to_apply = self._core.unscale(grads)
-            found = self._decide(to_apply)
-            code = self._states.ready_code(slot, column, structure)
-        skipped = self._states.record_step(slot, found, code, self._step_ends_iteration())
+        to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure)
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             skipped = ops.depend(skipped, optimizer(to_apply))
         else:
             skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
         return skipped
-
-    def _step_ends_iteration(self):
-        """Paddle: with a fixed scale update() does nothing, so step() itself starts the next iteration."""
-        return ops.logical_not(self._core.dynamic_flag())
 
     def update(self, new_scale=None):
         """Update the scale from this iteration's overflows (once per iteration, after every ``step``).
@@ -334,13 +390,13 @@ class GradScaler:
             return self
         if new_scale is None:
             self._refuse_update()  # as PyTorch: only an update from this iteration's checks needs them
-            self._core.adjust(self._core.is_overflow(self._states.any_found()))
+            self._run(self._iteration.update_from_checks)
         else:
             value = new_scale if isinstance(new_scale, Tensor) else _checked_new_scale(new_scale)
             if ops.logical_not(ops.logical_and(ops.isfinite(value), value > ops.zeros_like(value))).any():
                 raise ValueError("'new_scale' must be finite and > 0.")
             self._core.assign_scale(value)
-        self._states.reset()
+            self._states.reset()
         return self
 
     def _refuse_update(self):
@@ -530,6 +586,7 @@ class TorchGradScaler(GradScaler):
     """
 
     _FIELDS = _TORCH_FIELDS
+    _STEP_ENDS_FIXED_ITERATION = False  # PyTorch's scale is always dynamic
 
     def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  enabled=True, *, policy=None, overflow_check=None, name=None):
@@ -553,10 +610,6 @@ class TorchGradScaler(GradScaler):
 
     def _refuse_update(self):
         return self._states.refuse_update_without_checks()
-
-    def _step_ends_iteration(self):
-        """PyTorch's scale is always dynamic: update() starts the next iteration."""
-        return None
 
     def state_dict(self):
         """PyTorch's state (empty when disabled): ``scale``, ``growth_factor``, ``backoff_factor``,

@@ -204,8 +204,8 @@ class OptimizerStates(nn.Cell):
         return _reduce_max(self._rows()[FOUND_INF])
 
     # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
-    def refuse_unscale(self, column):
-        stage = column[STAGE]
+    def refuse_unscale(self, stage):
+        """Raise unless ``stage`` (the slot's stage before this unscale_()) is READY."""
         if stage != self._ready:
             if stage == self._unscaled:
                 raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
@@ -287,10 +287,12 @@ class OptimizerStates(nn.Cell):
         """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
         return ops.assign(self.table, self._written(self.table, where, values))
 
-    def record_unscale(self, slot, found, fingerprint, structure, norm):
+    def record_unscale(self, slot, column, found, fingerprint, structure, norm):
+        """Record an unscale_() if the slot's ``column`` (read before) is READY; else nothing changes (refused)."""
         values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32), norm)).reshape(
             (ROWS, 1))
-        return self._write(ops.logical_and(self._unscale_rows, self._slot_columns[slot]), values)
+        where = ops.logical_and(self._unscale_rows, self._slot_columns[slot])
+        return self._write(ops.logical_and(where, column[STAGE] == self._ready), values)
 
     def record_step(self, slot, found, code, ends_iteration=None):
         """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
