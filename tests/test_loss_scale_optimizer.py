@@ -493,3 +493,35 @@ def test_two_wrappers_in_one_graph():
 
     assert [bool(s.asnumpy()) for s in step()] == [False, False]
     assert [_value(m.var) for m in models] == [0.5, 1.0]
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE], ids=["graph_mode", "pynative"])
+@pytest.mark.parametrize("call", ["apply_gradients", "call"])
+def test_a_refused_apply_leaves_the_wrapper_usable(mode, call):
+    """In GRAPH_MODE (and now in PyNative) the apply step is a compiled Cell, and on MindSpore 2.10 a compiled Cell
+    that raised fails at every later call ("Invalid output number for flatten stub output nodes"): after one
+    refused apply_gradients, every later one failed. The refusal is now decided from Python, before the Cell runs."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=mode)
+    try:
+        net, control_net = regression_net(), regression_net()
+        opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
+        control_opt = nn.SGD(control_net.trainable_params(), 0.05)
+        apply = opt.apply_gradients if call == "apply_gradients" else opt
+
+        def forward(x, y):
+            return opt.get_scaled_loss(net(x, y))
+
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+        control_fn = ms.value_and_grad(control_net, None, control_opt.parameters)
+        batches = [tuple(Tensor(a) for a in batch) for batch in regression_batches(3)]
+        with pytest.raises(RuntimeError, match="loss_scale times too large"):
+            apply(grad_fn(*batches[0])[1])
+        for x, y in batches:
+            assert not bool(apply(opt.get_unscaled_gradients(grad_fn(x, y)[1])).asnumpy())
+            control_opt(control_fn(x, y)[1])
+        after, expected = training_state(net), training_state(control_net)
+        for name, value in expected.items():
+            np.testing.assert_allclose(after[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    finally:
+        ms.set_context(mode=previous)
