@@ -38,3 +38,15 @@ def test_running_statistics_benchmark_smoke_run():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| O2 |")]
     assert len(rows) == 1 and len(rows[0].split("|")) == 8, done.stdout
+
+
+@pytest.mark.slow
+def test_eager_benchmark_smoke_run():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_eager.py"), "--rounds", "1",
+                           "--steps", "1", "--warmup", "1", "--builds", "1"], capture_output=True, text=True,
+                          timeout=600, check=False, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads([line for line in done.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert set(result["summary"]) == {"plain", "ms_eager", "gradscaler", "gradscaler_unscale", "keras"}
+    assert set(result["ratios"]) == {f"{name}/plain" for name in result["summary"] if name != "plain"}
+    assert "first call s" in done.stdout
