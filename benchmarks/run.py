@@ -5,6 +5,8 @@
     python benchmarks/run.py --no-release    # without the lossscale 0.1.0 comparison (no git history)
     python benchmarks/run.py --output results.json
 
+It also runs bench_eager.py once (the functional front-ends called from Python, MLP O0 in PyNative).
+
 Targets (issue "Performance"), checked on the full run only:
   - paired ratio lossscale/plain_if <= 1.05 and lossscale/plain <= 1.05 on all six configurations;
   - lossscale faster than MindSpore's jit path (ms_jit) on every configuration;
@@ -25,6 +27,8 @@ from common import LEVELS, MODELS  # noqa: E402  pylint: disable=wrong-import-po
 FULL = {"rounds": 10, "steps": 20, "warmup": 10}
 SMOKE = {"rounds": 2, "steps": 2, "warmup": 1}
 BUILDS = {"full": 3, "smoke": 1}  # fresh builds per variant for the first-call median
+EAGER_FULL = {"rounds": 8, "steps": 10, "warmup": 3, "builds": 3}
+EAGER_SMOKE = {"rounds": 1, "steps": 1, "warmup": 1, "builds": 1}
 
 
 def run_process(script, args, timeout):
@@ -77,6 +81,19 @@ def redesign_table(results):
     return "\n".join(lines)
 
 
+def eager_table(eager):
+    """bench_eager.py's variants: step time, paired ratio to plain (and to the earlier release), first call."""
+    header = f"{'eager (PyNative), mlp O0':<28}{'step':>16}{'/plain':>8}{'/0.1.0':>8}{'1st call s':>12}"
+    lines = [header, "-" * len(header)]
+    for name in eager["summary"]:
+        if name.endswith("_release"):
+            continue
+        release = eager["ratios"].get(f"{name}/{name}_release")
+        lines.append(f"{name:<28}{_time_cells(eager, (name,))}{eager['ratios'].get(f'{name}/plain', 1.0):>8.3f}"
+                     f"{'' if release is None else f'{release:.3f}':>8}{eager['first_call_s'][name]:>12.2f}")
+    return "\n".join(lines)
+
+
 def check_table(checks):
     header = f"{'gradients':<18}{'lossscale ms':>14}{'all_finite ms':>15}{'speedup':>9}"
     lines = [header, "-" * len(header)]
@@ -125,11 +142,16 @@ def main():
             builds = BUILDS["smoke" if args.smoke else "full"]
             steps.append(run_process("bench_step.py", ["--model", model, "--level", level, f"--builds={builds}",
                                                        *release, *_timing_args(settings)], timeout))
+    print("... eager front-ends (mlp O0, PyNative)", file=sys.stderr, flush=True)
+    eager_settings = EAGER_SMOKE if args.smoke else EAGER_FULL
+    eager = run_process("bench_eager.py", [*release, *_timing_args(eager_settings)], timeout)
     print(step_table(steps))
     print()
     if release:
         print(redesign_table(steps))
         print()
+    print(eager_table(eager))
+    print()
     print(check_table(checks))
     rows = verdicts(steps, checks)
     if not args.smoke:
@@ -138,7 +160,7 @@ def main():
             print(f"{'MET ' if met else 'MISS'}  {text}: {value:.3f}")
         print(f"{sum(m for _, _, m in rows)}/{len(rows)} targets met")
     payload = {"settings": settings, "smoke": args.smoke, "seconds": time.time() - start, "steps": steps,
-               "checks": checks, "targets": [{"target": t, "value": v, "met": m} for t, v, m in rows]}
+               "eager": eager, "checks": checks, "targets": [{"target": t, "value": v, "met": m} for t, v, m in rows]}
     with open(args.output, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2)
     print(f"\n{len(steps)} configurations in {time.time() - start:.0f} s; JSON: {args.output}")

@@ -27,7 +27,8 @@ def test_benchmark_smoke_run(tmp_path):
     # both checks agree: finite gradients pass, a nan fails
     assert all(c["finite_then_nan"] == {"lossscale": [True, False], "all_finite": [True, False]}
                for c in result["checks"])
-    assert "ls/plain" in done.stdout and "speedup" in done.stdout  # both tables were printed
+    assert set(result["eager"]["summary"]) == {"plain", "ms_eager", "gradscaler", "gradscaler_unscale", "keras"}
+    assert "ls/plain" in done.stdout and "speedup" in done.stdout and "eager (PyNative)" in done.stdout  # the tables
 
 
 @pytest.mark.slow
