@@ -19,12 +19,20 @@ from mindspore.common import dtype as mstype
 from lossscale._validation import check_finite_in_range
 from lossscale.overflow import is_constant, multiply_gradients, square_sum
 
+_ZERO = Tensor(0.0, mstype.float32)
+
 _square_sum = ops.MultitypeFuncGraph("_square_sum")
 
 
 @_square_sum.register("Bool", "Tensor")
 def _tensor_square_sum(through_gemv, grad):
     return square_sum(grad, through_gemv)
+
+
+@_square_sum.register("Bool", "None")
+def _none_square_sum(through_gemv, grad):
+    """A missing gradient (``None``, as the functional front-ends pass through) adds nothing to the norm."""
+    return _ZERO
 
 
 def global_norm(hyper_map, grads):

@@ -332,7 +332,8 @@ class GradScaler:
         gradients (clipping), and pass what it returns to ``step``: MindSpore gradients are
         values, so unlike PyTorch's ``unscale_(optimizer)`` it cannot change them in place.
         ``key``: an int or str naming the optimizer, for several optimizers whose parameters
-        have the same shapes; by default the gradients' shapes identify it.
+        have the same shapes; by default the gradients' shapes identify it. ``None`` entries pass
+        through (PyTorch skips parameters without a gradient).
         """
         refuse_non_gradients(grads, "grads")
         if not self._enabled:

@@ -1705,3 +1705,20 @@ def test_a_scaler_used_eagerly_is_freed():
     gc.collect()
     assert alive() is None
     assert GradScaler("cuda", name="freed_after_eager_use").get_scale() == 65536.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("value, scale_after", [(1.0, 1024.0), (np.inf, 512.0)], ids=["finite", "inf"])
+def test_unscale_passes_a_none_gradient_through(compiled, value, scale_after):
+    """PyTorch's unscale_ skips parameters without a gradient. Since unscale_ records the global norm of what it
+    returns, a None entry crashed it ('NoneType' object has no attribute 'size' eagerly, a dtype error under jit)."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+
+    def unscale(grad):
+        return scaler.unscale_((grad, None))
+
+    unscale = ms.jit(unscale) if compiled else unscale
+    grad, missing = unscale(Tensor(np.full(3, value * 1024.0, np.float32)))
+    assert missing is None and grad.asnumpy().tolist() == [value] * 3
+    scaler.update()  # the inf that unscale_ found backs off
+    assert scaler.get_scale() == scale_after
