@@ -33,7 +33,8 @@ from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer, 
                        TrainOneStepWithLossScaleCell)
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
-RUNS = ("inject", "clean", "loss", "loss_torch", "loss_keras", "minimize_keras", "accumulate", "batchnorm")
+RUNS = ("inject", "clean", "loss", "loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras", "accumulate",
+        "batchnorm")
 
 
 def manager():
@@ -87,7 +88,11 @@ def train_with_nonfinite_loss(rank):
 
 def _front_end_step(front_end, net, size):
     """A compiled step ``(y, offset) -> skipped`` and a ``scale()`` reader for ``front_end`` (2**10, growth
-    after 2 clean steps, as :func:`manager`), the gradients averaged over the ranks by a DistributedGradReducer."""
+    after 2 clean steps, as :func:`manager`), the gradients averaged over the ranks by a DistributedGradReducer.
+    ``front_end`` ending in ``_eager``: the step is called from Python instead (the front-end's own calls then
+    run their compiled graphs, all-reduce included)."""
+    eager = front_end.endswith("_eager")
+    front_end = front_end[:-len("_eager")] if eager else front_end
     optimizer = nn.SGD(net.trainable_params(), 0.1)
     if front_end == "keras":
         optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0**10, dynamic_growth_steps=2)
@@ -103,7 +108,6 @@ def _front_end_step(front_end, net, size):
 
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
 
-    @ms.jit
     def step(y, offset):
         _, grads = grad_fn(y, offset)
         grads = reducer(grads)
@@ -113,7 +117,7 @@ def _front_end_step(front_end, net, size):
         scaler.update()
         return skipped
 
-    return step, scale
+    return (step if eager else ms.jit(step)), scale
 
 
 def train_front_end_with_nonfinite_loss(rank, size, front_end):

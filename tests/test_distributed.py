@@ -56,11 +56,13 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip(two_ranks):
     np.testing.assert_array_equal(weights[(0, "loss")], weights[(1, "loss")])
 
 
-@pytest.mark.parametrize("run_name", ["loss_torch", "loss_keras", "minimize_keras"])
+@pytest.mark.parametrize("run_name", ["loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras"])
 def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_functional_front_ends(two_ranks, run_name):
     """GradScaler kept a non-finite loss per rank: rank 1 skipped and backed off while rank 0 applied the step,
-    so the ranks' weights and scales diverged for the rest of the run. LossScaleOptimizer.minimize did not
-    reduce the gradients it computed: each rank applied its own (the ranks' y differ), and the weights diverged."""
+    so the ranks' weights and scales diverged for the rest of the run (loss_torch_eager: the same step called from
+    Python, whose GradScaler calls run compiled graphs with the flag's all-reduce inside them).
+    LossScaleOptimizer.minimize did not reduce the gradients it computed: each rank applied its own (the ranks' y
+    differ), and the weights diverged."""
     reports, weights, _ = two_ranks
     expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
     for rank, report in enumerate(reports):
