@@ -183,9 +183,11 @@ def test_accumulation_over_two_micro_batches():
     _same_training_state(control_net, net)
 
 
-def test_multiple_models_optimizers_and_losses():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_multiple_models_optimizers_and_losses(compiled):
     """PyTorch's test_grad_scaling_multiple: two models, two optimizers, two losses from both outputs; one
-    optimizer unscaled separately; inf in model 1's gradient skips optimizer 1 only and backs off once."""
+    optimizer unscaled separately; inf in model 1's gradient skips optimizer 1 only and backs off once.
+    Eagerly, the two keys' calls are separate compilations of the scaler's calls (the key is a constant)."""
     nets, controls = [nn.Dense(6, 3), nn.Dense(6, 3)], [nn.Dense(6, 3), nn.Dense(6, 3)]
     for index, (net, control) in enumerate(zip(nets, controls)):
         for p, c in zip(net.trainable_params(), control.trainable_params()):
@@ -215,7 +217,6 @@ def test_multiple_models_optimizers_and_losses():
     scaled_fn = ms.value_and_grad(scaled_total, None, params)
     control_fn = ms.value_and_grad(control_total, None, control_params)
 
-    @ms.jit
     def step(x, y, poison):
         _, grads = scaled_fn(x, y)
         grads0, grads1 = grads[:2], grads[2:]
@@ -226,6 +227,7 @@ def test_multiple_models_optimizers_and_losses():
         scaler.update()
         return skipped0, skipped1
 
+    step = ms.jit(step) if compiled else step
     for i, (x, y) in enumerate(_batches()):
         skipped = step(x, y, Tensor(i == SKIP_ITER))
         assert [bool(s.asnumpy()) for s in skipped] == [False, i == SKIP_ITER]
@@ -1111,11 +1113,14 @@ def test_an_optimizer_without_parameters_is_refused_by_name_before_anything_is_r
                                   "_growth_tracker": 1}), [F, F], [64.0, 64.0]),
 ], ids=["set_growth_interval", "set_backoff_factor", "set_growth_factor", "set_init_loss_scaling",
         "load_state_dict"])
-def test_settings_reach_a_step_compiled_before_them(change, flags, expected):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_settings_reach_a_step_compiled_before_them(change, flags, expected, compiled):
+    """Eagerly the scaler's own calls are compiled at their first call too (lossscale._eager_calls)."""
     scaler = GradScaler("cuda", init_scale=2048.0, growth_interval=3)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
-    step = ms.jit(_basic(scaler, net, opt))
+    step = _basic(scaler, net, opt)
+    step = ms.jit(step) if compiled else step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     step(x, y, Tensor(False))  # compiled with the old rule; growth tracker now 1
     change(scaler)
@@ -1127,11 +1132,13 @@ def test_settings_reach_a_step_compiled_before_them(change, flags, expected):
     assert scaler.state_dict()["scale"] == expected[-1]  # what the device holds
 
 
-def test_switching_fixed_and_dynamic_reaches_a_compiled_step():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_switching_fixed_and_dynamic_reaches_a_compiled_step(compiled):
     scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=1)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
-    step = ms.jit(_basic(scaler, net, opt))
+    step = _basic(scaler, net, opt)
+    step = ms.jit(step) if compiled else step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     step(x, y, Tensor(False))
     assert scaler.get_scale() == 512.0
