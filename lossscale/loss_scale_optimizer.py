@@ -36,6 +36,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
+from lossscale._cell_checks import is_parameter_optimizer
 from lossscale._naming import claim_name
 from lossscale._parameters import outside_graph, read_scalar, write_parameter
 from lossscale._validation import TypeValueError
@@ -48,6 +49,15 @@ _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growt
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
 _INNER_OPTIMIZER_ARGUMENTS = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema", "ema_momentum",
                               "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps")
+
+
+def _pytorch_style_hint(optimizer):
+    """What to use instead of a PyTorch-style optimizer (``mindspore.experimental.optim``, ``mint.optim``)."""
+    if not is_parameter_optimizer(optimizer):
+        return ""
+    return (" MindSpore's PyTorch-style optimizers (mindspore.experimental.optim, mint.optim) have no global_step "
+            "(Keras' iterations, which a skipped step advances): use lossscale.GradScaler with them, or the "
+            "train cell.")
 
 
 def _refuse_unsupported_arguments(inner_optimizer, kwargs):
@@ -268,7 +278,7 @@ class LossScaleOptimizer(nn.Cell):
                                  "inner_optimizer instead.")
         if not isinstance(inner_optimizer, nn.Optimizer):
             raise TypeValueError(f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
-                                 f"{type(inner_optimizer).__name__}.")
+                                 f"{type(inner_optimizer).__name__}.{_pytorch_style_hint(inner_optimizer)}")
         if getattr(inner_optimizer, "_wrapped_by_loss_scale_optimizer", False):
             raise ValueError("'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
                              "wrapped by a single LossScaleOptimizer.")

@@ -235,14 +235,16 @@ def test_tf_keras_type_errors_are_also_type_errors(kwargs):
 
 
 @pytest.mark.parametrize("inner, pattern", [
-    ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer"),
+    ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer, but got str.$"),
     (None, "'inner_optimizer'"),
+    (ms.experimental.optim.Adam(Square().trainable_params(), lr=0.1),
+     "must be a mindspore.nn.Optimizer, but got Adam. MindSpore's PyTorch-style optimizers .* use lossscale.GradScaler"),
     (nn.Momentum(Square().trainable_params(), 0.1, 0.9, loss_scale=128.0), "'optimizer.loss_scale' is 128.0"),
 ])
 def test_bad_inner_optimizers(inner, pattern):
     with pytest.raises(ValueError, match=pattern) as refused:
         LossScaleOptimizer(inner)
-    assert isinstance(refused.value, TypeError) == (inner is None or inner == "sgd")  # tf.keras: TypeError
+    assert isinstance(refused.value, TypeError) == (not isinstance(inner, nn.Optimizer))  # tf.keras: TypeError
 
 
 def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
