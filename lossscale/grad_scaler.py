@@ -82,6 +82,9 @@ _TORCH_FIELDS = {"init_scale": "init_scale", "growth_factor": "growth_factor", "
 _PADDLE_STATE_KEYS = ("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf",
                       "incr_count", "decr_count", "use_dynamic_loss_scaling")
 _TORCH_STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+_HYSTERESIS_FLAGS = ("consecutive_hysteresis", "refill_hysteresis_on_backoff")
+# Ours, only for a rule with hysteresis (PyTorch's has none; PyTorch's load_state_dict ignores other keys).
+_TORCH_HYSTERESIS_KEYS = ("hysteresis", "_hysteresis_tracker") + _HYSTERESIS_FLAGS
 
 
 def _framework_rule(fields, names, base):
@@ -513,15 +516,22 @@ class GradScaler:
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self):
         """Paddle's state (empty when disabled): ``scale`` (a float32 array of shape (1,)), the rule,
-        ``incr_count``, ``decr_count``, ``use_dynamic_loss_scaling`` (one host sync)."""
+        ``incr_count``, ``decr_count``, ``use_dynamic_loss_scaling`` (one host sync).
+
+        A rule whose hysteresis works unlike Paddle's (a ``policy`` such as Megatron's) adds
+        ``consecutive_hysteresis`` and ``refill_hysteresis_on_backoff``, so that a round trip keeps
+        them; Paddle's own ``load_state_dict`` ignores keys it does not know."""
         if not self._enabled:
             return {}
         state, policy = self.get_state(), self._policy
-        return {"scale": np.array([state.scale], np.float32), "incr_ratio": policy.growth_factor,
-                "decr_ratio": policy.backoff_factor, "incr_every_n_steps": policy.growth_interval,
-                "decr_every_n_nan_or_inf": policy.hysteresis, "incr_count": state.good_steps,
-                "decr_count": policy.hysteresis - state.hysteresis_left,
-                "use_dynamic_loss_scaling": self._core.dynamic}
+        saved = {"scale": np.array([state.scale], np.float32), "incr_ratio": policy.growth_factor,
+                 "decr_ratio": policy.backoff_factor, "incr_every_n_steps": policy.growth_interval,
+                 "decr_every_n_nan_or_inf": policy.hysteresis, "incr_count": state.good_steps,
+                 "decr_count": policy.hysteresis - state.hysteresis_left,
+                 "use_dynamic_loss_scaling": self._core.dynamic}
+        if policy.hysteresis != 1 and _hysteresis_flags(policy) != _hysteresis_flags(get_preset("paddle")):
+            saved.update(_hysteresis_flags(policy))  # another library's hysteresis (a policy such as Megatron's)
+        return saved
 
     def load_state_dict(self, state_dict):
         """Restore a state: this scaler's, Paddle's or PyTorch's format (validated; nothing changes on error).
@@ -617,13 +627,21 @@ class TorchGradScaler(GradScaler):
 
     def state_dict(self):
         """PyTorch's state (empty when disabled): ``scale``, ``growth_factor``, ``backoff_factor``,
-        ``growth_interval``, ``_growth_tracker`` (one host sync)."""
+        ``growth_interval``, ``_growth_tracker`` (one host sync).
+
+        A rule with hysteresis (a ``policy`` such as Megatron's, or a loaded Paddle state) adds
+        ``hysteresis`` (overflows per backoff), ``_hysteresis_tracker`` (overflows counted towards
+        the next backoff), ``consecutive_hysteresis`` and ``refill_hysteresis_on_backoff``, so that
+        a round trip keeps them; PyTorch's own ``load_state_dict`` ignores keys it does not know."""
         if not self._enabled:
             return {}
-        state = self.get_state()
-        return {"scale": state.scale, "growth_factor": self._policy.growth_factor,
-                "backoff_factor": self._policy.backoff_factor, "growth_interval": self._policy.growth_interval,
-                "_growth_tracker": state.good_steps}
+        state, policy = self.get_state(), self._policy
+        saved = {"scale": state.scale, "growth_factor": policy.growth_factor, "backoff_factor": policy.backoff_factor,
+                 "growth_interval": policy.growth_interval, "_growth_tracker": state.good_steps}
+        if policy.hysteresis != 1:
+            saved.update(hysteresis=policy.hysteresis, _hysteresis_tracker=policy.hysteresis - state.hysteresis_left,
+                         **_hysteresis_flags(policy))
+        return saved
 
     _EMPTY_STATE = ("The source state dict is empty, possibly because it was saved from a disabled instance of "
                     "GradScaler.")
@@ -653,6 +671,10 @@ def _parse_state(state_dict, current):
     else:
         raise ValueError(f"'state_dict' is neither a Paddle GradScaler state (keys {list(_PADDLE_STATE_KEYS)}) nor a "
                          f"PyTorch one (keys {list(_TORCH_STATE_KEYS)}); got keys {sorted(state_dict)}.")
+    if names is _TORCH_FIELDS and any(key in state_dict for key in _TORCH_HYSTERESIS_KEYS):
+        keys += _TORCH_HYSTERESIS_KEYS  # written by a TorchGradScaler whose rule has hysteresis
+    elif names is _PADDLE_FIELDS and any(key in state_dict for key in _HYSTERESIS_FLAGS):
+        keys += _HYSTERESIS_FLAGS
     missing = [key for key in keys if key not in state_dict]
     if missing:
         raise ValueError(f"'state_dict' is missing {missing}; a {'Paddle' if names is _PADDLE_FIELDS else 'PyTorch'} "
@@ -661,8 +683,9 @@ def _parse_state(state_dict, current):
     scale = values["scale"]
     rule = {"init_scale": scale, "growth_factor": values[names["growth_factor"]],
             "backoff_factor": values[names["backoff_factor"]], "growth_interval": values[names["growth_interval"]]}
-    if names is _PADDLE_FIELDS:
-        rule["hysteresis"] = values["decr_every_n_nan_or_inf"]
+    if names["hysteresis"] in values:
+        rule["hysteresis"] = values[names["hysteresis"]]
+        rule.update(_loaded_hysteresis_flags(values, rule["hysteresis"], current))
     policy = _framework_rule(rule, {**names, "init_scale": "state_dict['scale']"}, current)
     if names is _PADDLE_FIELDS:
         good = check_int_in_range("state_dict['incr_count']", values["incr_count"], low=0,
@@ -673,9 +696,35 @@ def _parse_state(state_dict, current):
     else:
         good = check_int_in_range("state_dict['_growth_tracker']", values["_growth_tracker"], low=0,
                                   high=policy.growth_interval - 1)
+        bad = check_int_in_range("state_dict['_hysteresis_tracker']", values["_hysteresis_tracker"], low=0,
+                                 high=policy.hysteresis - 1) if "hysteresis" in values else 0
         state, dynamic = LossScaleState(scale=policy.init_scale, good_steps=good,
-                                        hysteresis_left=policy.hysteresis), True
+                                        hysteresis_left=policy.hysteresis - bad), True
     return policy, check_state(policy, state), dynamic
+
+
+def _hysteresis_flags(policy):
+    """How ``policy``'s hysteresis works, as state-dict keys."""
+    return {flag: getattr(policy, flag) for flag in _HYSTERESIS_FLAGS}
+
+
+def _loaded_hysteresis_flags(values, hysteresis, current):
+    """How a loaded state's hysteresis works: as its dict says; else (a Paddle state) as the ``current`` rule
+    does, unless that rule has no hysteresis, whose flags mean nothing: then as Paddle's. ValueError if that
+    is not how ``current``'s works: the update graphs are built for one way (and a hybrid would be no
+    library's rule)."""
+    if _HYSTERESIS_FLAGS[0] in values:
+        flags = {flag: check_bool(f"state_dict[{flag!r}]", values[flag]) for flag in _HYSTERESIS_FLAGS}
+    elif hysteresis != 1 and current.hysteresis == 1:
+        flags = _hysteresis_flags(get_preset("paddle"))
+    else:
+        flags = _hysteresis_flags(current)
+    if flags != _hysteresis_flags(current):
+        raise ValueError(f"'state_dict' holds a rule with hysteresis {hysteresis} working as {flags}, but this "
+                         f"scaler's hysteresis works as {_hysteresis_flags(current)}, which is fixed when it is "
+                         f"built: load it into a scaler built with that rule (Paddle's spelling, "
+                         f"GradScaler(init_loss_scaling=...), for a Paddle state; policy=... for another).")
+    return flags
 
 
 def _init_signature(cls):

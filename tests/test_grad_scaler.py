@@ -1460,6 +1460,68 @@ def test_paddle_state_dict_has_paddles_keys_and_loads_paddles_own():
     assert scaler.get_scale() == 512.0
 
 
+def _overflow_steps(scaler, flags):
+    """One eager iteration per flag (inf gradients when True) on a one-weight SGD: the scales after each."""
+    weight = ms.Parameter(Tensor(np.ones(2, np.float32)), name="w")
+    opt = nn.SGD([weight], 0.1)
+    scales = []
+    for flag in flags:
+        scaler.step(opt, (Tensor(np.array([np.inf if flag else 0.5, 1.0], np.float32)),))
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GradScaler("cuda", policy=get_preset("megatron", init_scale=1024.0)),
+    lambda: GradScaler(policy=get_preset("megatron", init_scale=1024.0)),
+    lambda: GradScaler(init_loss_scaling=1024.0, decr_every_n_nan_or_inf=3),
+], ids=["torch_megatron", "paddle_megatron", "paddle_hysteresis_3"])
+def test_a_rule_with_hysteresis_resumes_exactly_from_its_state_dict(make):
+    """A PyTorch-format state had no place for the overflows counted towards the next backoff, and a Paddle
+    one none for another library's hysteresis mode: resumed mid-count, the scaler backed off an overflow late."""
+    flags = [T, F, T, T, T, F, T]
+    uninterrupted = _overflow_steps(make(), flags)
+    first = make()
+    _overflow_steps(first, flags[:1])  # one overflow counted, no backoff yet
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.get_state() == first.get_state()
+    assert _overflow_steps(resumed, flags[1:]) == uninterrupted[1:]
+
+
+def test_default_state_dicts_keep_their_frameworks_keys():
+    torch_state = TorchGradScaler(init_scale=8.0).state_dict()
+    assert sorted(torch_state) == ["_growth_tracker", "backoff_factor", "growth_factor", "growth_interval", "scale"]
+    assert "consecutive_hysteresis" not in GradScaler().state_dict()
+    assert "consecutive_hysteresis" not in GradScaler(policy="paddle").state_dict()
+
+
+@pytest.mark.parametrize("source, target", [
+    (lambda: GradScaler(init_loss_scaling=32.0), lambda: GradScaler("cuda")),
+    (lambda: GradScaler("cuda", policy="megatron"), lambda: GradScaler()),
+    (lambda: GradScaler(policy="megatron"), lambda: GradScaler()),
+], ids=["paddle_into_torch", "torch_megatron_into_paddle", "paddle_megatron_into_paddle"])
+def test_a_state_whose_hysteresis_works_otherwise_is_refused_and_changes_nothing(source, target):
+    """A Paddle state (back off on the 2nd overflow, counters refilled) loaded into PyTorch's rule gave a hybrid
+    rule that is no library's (Megatron's no-refill with Paddle's count), silently."""
+    saved = source()
+    _overflow_steps(saved, [T])
+    scaler = target()
+    before = (scaler.state_dict(), scaler.get_state())
+    with pytest.raises(ValueError, match=r"'state_dict' holds a rule with hysteresis 2 .* fixed when it is built"):
+        scaler.load_state_dict(saved.state_dict())
+    assert (scaler.state_dict(), scaler.get_state()) == before
+
+
+def test_a_state_without_hysteresis_loads_into_either_spelling():
+    saved = GradScaler(init_loss_scaling=32.0, decr_every_n_nan_or_inf=1)
+    _overflow_steps(saved, [T])
+    torch_scaler = GradScaler("cuda")
+    torch_scaler.load_state_dict(saved.state_dict())
+    assert torch_scaler.get_state() == saved.get_state() and torch_scaler.get_scale() == 16.0
+
+
 BAD_STATES = [
     ({}, RuntimeError, "state dict is empty"),
     ([1, 2], TypeError, "'state_dict' must be a dict"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from lossscale import GradScaler
+from lossscale import GradScaler, get_preset
 from nets import (MISUSES, GradScalerRun, misuse_our_scaler, misuse_their_scaler, own_names, reference_batches,
                   reference_weight)
 
@@ -104,6 +104,16 @@ def test_the_same_errors_as_pytorch():
     for scaler in (GradScaler("cpu"), torch.amp.GradScaler("cpu")):
         with pytest.raises(RuntimeError, match="The source state dict is empty"):
             scaler.load_state_dict({})
+
+
+def test_a_state_with_our_hysteresis_keys_loads_into_pytorch():
+    """A TorchGradScaler whose rule has hysteresis saves it under keys of its own; PyTorch reads its five."""
+    ours = GradScaler("cpu", policy=get_preset("megatron", init_scale=512.0, growth_interval=7))
+    saved = ours.state_dict()
+    assert saved["hysteresis"] == 2 and saved["_hysteresis_tracker"] == 0
+    theirs = torch.amp.GradScaler("cpu")
+    theirs.load_state_dict(saved)
+    assert theirs.get_scale() == 512.0 and theirs.get_growth_interval() == 7
 
 
 class TwoModels:
