@@ -1478,8 +1478,8 @@ def _overflow_steps(scaler, flags):
     lambda: GradScaler(init_loss_scaling=1024.0, decr_every_n_nan_or_inf=3),
 ], ids=["torch_megatron", "paddle_megatron", "paddle_hysteresis_3"])
 def test_a_rule_with_hysteresis_resumes_exactly_from_its_state_dict(make):
-    """A PyTorch-format state had no place for the overflows counted towards the next backoff, and a Paddle
-    one none for another library's hysteresis mode: resumed mid-count, the scaler backed off an overflow late."""
+    """A PyTorch-format state had no place for the overflows counted towards the next backoff: resumed mid-count,
+    a TorchGradScaler with Megatron's rule backed off an overflow late. (Paddle's format holds the count.)"""
     flags = [T, F, T, T, T, F, T]
     uninterrupted = _overflow_steps(make(), flags)
     first = make()
