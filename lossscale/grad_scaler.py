@@ -87,6 +87,14 @@ _HYSTERESIS_FLAGS = ("consecutive_hysteresis", "refill_hysteresis_on_backoff")
 _TORCH_HYSTERESIS_KEYS = ("hysteresis", "_hysteresis_tracker") + _HYSTERESIS_FLAGS
 
 
+def _hysteresis_flags(policy):
+    """How ``policy``'s hysteresis works, as state-dict keys."""
+    return {flag: getattr(policy, flag) for flag in _HYSTERESIS_FLAGS}
+
+
+_PADDLE_HYSTERESIS = _hysteresis_flags(get_preset("paddle"))
+
+
 def _framework_rule(fields, names, base):
     """``base`` (a LossScalePolicy) with ``fields`` replaced; range errors raised as AssertionValueError,
     since PyTorch and Paddle assert on their factors; errors name the caller's spelling."""
@@ -529,7 +537,7 @@ class GradScaler:
                  "decr_every_n_nan_or_inf": policy.hysteresis, "incr_count": state.good_steps,
                  "decr_count": policy.hysteresis - state.hysteresis_left,
                  "use_dynamic_loss_scaling": self._core.dynamic}
-        if policy.hysteresis != 1 and _hysteresis_flags(policy) != _hysteresis_flags(get_preset("paddle")):
+        if policy.hysteresis != 1 and _hysteresis_flags(policy) != _PADDLE_HYSTERESIS:
             saved.update(_hysteresis_flags(policy))  # another library's hysteresis (a policy such as Megatron's)
         return saved
 
@@ -703,11 +711,6 @@ def _parse_state(state_dict, current):
     return policy, check_state(policy, state), dynamic
 
 
-def _hysteresis_flags(policy):
-    """How ``policy``'s hysteresis works, as state-dict keys."""
-    return {flag: getattr(policy, flag) for flag in _HYSTERESIS_FLAGS}
-
-
 def _loaded_hysteresis_flags(values, hysteresis, current):
     """How a loaded state's hysteresis works: as its dict says; else (a Paddle state) as the ``current`` rule
     does, unless that rule has no hysteresis, whose flags mean nothing: then as Paddle's. ValueError if that
@@ -716,7 +719,7 @@ def _loaded_hysteresis_flags(values, hysteresis, current):
     if _HYSTERESIS_FLAGS[0] in values:
         flags = {flag: check_bool(f"state_dict[{flag!r}]", values[flag]) for flag in _HYSTERESIS_FLAGS}
     elif hysteresis != 1 and current.hysteresis == 1:
-        flags = _hysteresis_flags(get_preset("paddle"))
+        flags = _PADDLE_HYSTERESIS
     else:
         flags = _hysteresis_flags(current)
     if flags != _hysteresis_flags(current):
