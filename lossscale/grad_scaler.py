@@ -64,7 +64,7 @@ from lossscale import overflow as _overflow
 from lossscale._eager_calls import CompiledCalls
 from lossscale._naming import claim_name, free_name
 from lossscale._parameters import outside_graph
-from lossscale._validation import AssertionValueError, check_bool, check_int_in_range
+from lossscale._validation import AssertionValueError, check_bool, check_finite_in_range, check_int_in_range
 from lossscale.clipping import global_norm
 from lossscale.optimizer_states import STAGE, OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
@@ -147,9 +147,33 @@ def _refuse_optimizer_without_parameters():
 
 
 @constexpr
-def _checked_new_scale(value):
-    """update(new_scale) with a number: validated, as a float32 Tensor."""
-    return Tensor(positive_scale("new_scale", value), mstype.float32)
+def _checked_new_scale(value, low, high):
+    """update(new_scale) with a number (or, called from Python, a Tensor): finite, > 0 with a finite reciprocal,
+    and within the rule's bounds ``[low, high]`` (``(0, high]`` when ``low`` is 0); a float32 Tensor."""
+    scale = float(positive_scale("new_scale", value))
+    check_finite_in_range("new_scale", scale, low=low, high=high, low_inclusive=low > 0)
+    return Tensor(scale, mstype.float32)
+
+
+@constexpr
+def _refuse_new_scale_shape(shape):
+    if int(np.prod(shape)) != 1:
+        raise TypeError(f"'new_scale' must be one float value, but got a Tensor of shape {tuple(shape)}.")
+    return True
+
+
+def _new_scale_in_graph(value, low, high):
+    """update(new_scale) with a Tensor inside a compiled function: its value is known only when the graph runs,
+    so the checks of :func:`_checked_new_scale` are graph ops (a refusal is a runtime ``raise``)."""
+    _refuse_new_scale_shape(ops.shape(value))
+    value = ops.cast(value, mstype.float32).reshape(())
+    valid = ops.logical_and(ops.isfinite(value), ops.isfinite(ops.reciprocal(value)))
+    valid = ops.logical_and(valid, ops.logical_and(value > 0.0, value <= high))
+    valid = ops.logical_and(valid, value >= low)
+    if ops.logical_not(valid):
+        raise ValueError(f"'new_scale' must be a finite float32 number in [{low}, {high}] (and > 0) whose "
+                         f"reciprocal is finite.")
+    return value
 
 
 @ms.jit_class
@@ -289,6 +313,8 @@ class GradScaler:
         else:
             self._policy = _framework_rule(rule, self._FIELDS, self._base_rule())
         self._config = dict(config, policy=policy, overflow_check=overflow_check, name=name)
+        # What update(new_scale) accepts: the rule's bounds, which no setter or loaded state changes.
+        self._scale_bounds = (self._policy.floor, self._policy.ceiling)
         self._enabled = enabled
         self._core = None
         self._states = None
@@ -397,7 +423,9 @@ class GradScaler:
         """Update the scale from this iteration's overflows (once per iteration, after every ``step``).
 
         Backs off if any optimizer's gradients (or a scaled loss) overflowed, grows after
-        the window of clean iterations; with ``new_scale`` (PyTorch) sets the scale instead.
+        the window of clean iterations; with ``new_scale`` (PyTorch: a number or a one-value
+        Tensor) sets the scale instead, refused unless finite, > 0 and within the rule's
+        ``min_scale``/``max_scale`` (a state outside them could not be loaded again).
         Starts the next iteration. Returns the scaler, so under ``mindspore.jit`` (which
         rebinds the receiver of a method named ``update``) the scaler stays usable.
         """
@@ -407,9 +435,14 @@ class GradScaler:
             self._refuse_update()  # as PyTorch: only an update from this iteration's checks needs them
             self._run(self._iteration.update_from_checks)
         else:
-            value = new_scale if isinstance(new_scale, Tensor) else _checked_new_scale(new_scale)
-            if ops.logical_not(ops.logical_and(ops.isfinite(value), value > ops.zeros_like(value))).any():
-                raise ValueError("'new_scale' must be finite and > 0.")
+            low, high = self._scale_bounds
+            # The check on a graph Tensor lives in a function that returns the value the write uses: inline here,
+            # an `if` on a Tensor in a method returning `self` made MindSpore 2.10 drop the writes after it
+            # (measured: update(new_scale) under jit changed nothing).
+            if isinstance(new_scale, Tensor) and not outside_graph(self._states.table):
+                value = _new_scale_in_graph(new_scale, low, high)
+            else:
+                value = _checked_new_scale(new_scale, low, high)
             self._core.assign_scale(value)
             self._states.reset()
         return self

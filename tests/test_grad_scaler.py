@@ -1320,12 +1320,93 @@ def test_update_with_new_scale(new_scale, expected):
 
 
 @pytest.mark.parametrize("new_scale, error", [(0.0, ValueError), (float("nan"), ValueError), ("2", TypeError),
-                                              (Tensor(np.float32(-1.0)), ValueError)])
+                                              (Tensor(np.float32(-1.0)), ValueError),
+                                              (Tensor(np.float32(1e-40)), ValueError),  # 1/S is inf
+                                              (Tensor(np.float32([1.0, 2.0])), TypeError)])
 def test_update_with_a_bad_new_scale(new_scale, error):
     scaler = _scaler_after_one_step()
     with pytest.raises(error, match="new_scale"):
         scaler.update(new_scale)
     assert scaler.get_scale() == 4.0
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
+def test_update_with_new_scale_in_a_compiled_step_acts_as_eagerly(as_tensor):
+    """Inside mindspore.jit, update(new_scale) did nothing: the scale stayed, and the next iteration's step() was
+    refused ("step() has already been called since the last update()"). Now the compiled iterations give the
+    eager run's scales, skips and weights (an inf batch included)."""
+    schedule = [8.0, 16.0, 4.0, 64.0]
+    batches = regression_batches(len(schedule))
+    batches[2] = (with_inf(batches[2][0]), batches[2][1])
+
+    def run(compiled):
+        scaler, net = GradScaler("cuda", init_scale=256.0), regression_net()
+        opt = nn.SGD(net.trainable_params(), 0.05)
+        grad_fn = _grad_fn(scaler, net, opt)
+
+        def iteration(x, y, new_scale):
+            _, grads = grad_fn(x, y)
+            skipped = scaler.step(opt, grads)
+            scaler.update(new_scale)
+            return skipped
+
+        def with_constant(value):  # a compiled function per Python number, as PyTorch code writes it
+            def constant_iteration(x, y):
+                return iteration(x, y, value)
+            return ms.jit(constant_iteration)
+
+        with_tensor = ms.jit(iteration)
+        history = []
+        for (x, y), value in zip(batches, schedule):
+            if not compiled:
+                skipped = iteration(Tensor(x), Tensor(y), value)
+            elif as_tensor:
+                skipped = with_tensor(Tensor(x), Tensor(y), Tensor(np.float32(value)))
+            else:
+                skipped = with_constant(value)(Tensor(x), Tensor(y))
+            history.append((bool(skipped), scaler.get_scale()))
+        return history, [p.asnumpy() for p in net.trainable_params()]
+
+    (history, weights), (eager_history, eager_weights) = run(True), run(False)
+    assert history == eager_history == [(False, 8.0), (False, 16.0), (True, 4.0), (False, 64.0)]
+    for ours, control in zip(weights, eager_weights):
+        np.testing.assert_array_equal(ours, control)
+
+
+def _bounded_scaler():
+    """A PyTorch-spelled scaler whose rule has a floor of 2 and a ceiling of 1024 (scale 256)."""
+    return GradScaler("cuda", policy=get_preset("pytorch", init_scale=256.0, min_scale=2.0, max_scale=1024.0))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("new_scale, accepted", [(1024.0, True), (2.0, True), (2048.0, False), (1.0, False),
+                                                 (1e-40, False)])
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
+def test_update_with_new_scale_stays_within_the_rules_bounds(new_scale, accepted, as_tensor, compiled):
+    """A scale outside min_scale/max_scale was set, and the state_dict() it gave could not be loaded into the
+    same scaler ("'state_dict['scale']' must be a finite number in (0.0, 1024.0]"): now refused, nothing
+    changed; a scale within them round-trips."""
+    scaler = _bounded_scaler()
+    value = Tensor(np.float32(new_scale)) if as_tensor else new_scale
+    if compiled:
+        def set_tensor(v):
+            return scaler.update(v).get_scale()
+
+        def set_number():
+            return scaler.update(new_scale).get_scale()
+        call, args = (ms.jit(set_tensor), (value,)) if as_tensor else (ms.jit(set_number), ())
+    else:
+        call, args = scaler.update, (value,)
+    if not accepted:
+        with pytest.raises(ValueError, match="'new_scale' must be a finite"):
+            _read(call(*args))
+        assert scaler.get_scale() == 256.0
+        return
+    _read(call(*args))
+    assert scaler.get_scale() == new_scale
+    resumed = _bounded_scaler()
+    resumed.load_state_dict(scaler.state_dict())
+    assert resumed.state_dict() == scaler.state_dict()
 
 
 # ---- disabled scalers -------------------------------------------------------------------------------------
