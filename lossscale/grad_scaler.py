@@ -212,11 +212,14 @@ class _IterationGraph:
         parallel modes, so a loss that is non-finite on one rank only skips the step on every rank)."""
         return ops.cast(self._core.is_overflow(self._core.flag(None, unscaled)), mstype.float32)
 
-    def step_decision(self, grads, slot, structure):
+    def step_decision(self, grads, slot, structure, after_unscale=None):
         """``(the gradients to apply, skipped, refusal code)`` for step(), with the step recorded unless
-        refused (code != 0)."""
+        refused (code != 0). ``after_unscale``: whether the slot is UNSCALED, when the caller read it on the
+        host (a constant: only that branch is compiled); None reads it in the graph."""
         column = self._states.column(slot)
-        if self._states.unscaled(column):
+        if after_unscale is None:
+            after_unscale = self._states.unscaled(column)
+        if after_unscale:
             seen = _overflow.fingerprint(self._hyper_map, grads)
             nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
             found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
@@ -411,7 +414,11 @@ class GradScaler:
         self._states.refuse_misfit(grads, parameters)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure)
+        if outside_graph(self._states.table):  # one host read: only the branch this call takes is compiled
+            to_apply, skipped, code = self._calls.run(self._iteration.step_decision, grads, slot, structure,
+                                                      self._states.host_unscaled(slot))
+        else:
+            to_apply, skipped, code = self._iteration.step_decision(grads, slot, structure)
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             skipped = ops.depend(skipped, optimizer(to_apply))

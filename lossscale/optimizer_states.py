@@ -317,6 +317,10 @@ class OptimizerStates(nn.Cell):
         return self._write(self._iteration_rows, self._zero)
 
     # ---- host ----------------------------------------------------------------------------------
+    def host_unscaled(self, slot):
+        """Whether ``slot``'s stage is UNSCALED (one host sync)."""
+        return bool(self.table.asnumpy()[STAGE, slot] == UNSCALED)
+
     def between_iterations(self):
         """True when no unscale_() or step() happened since the last update() (one host sync)."""
         return not self.table.asnumpy()[STAGE].any()

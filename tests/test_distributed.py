@@ -126,9 +126,12 @@ def test_clean_run_matches_single_process_training_on_the_combined_batch(two_ran
 
 
 def test_no_process_left_behind(two_ranks):
+    """No worker of this launch is alive (a launch is told apart by its output folder, the worker's argument:
+    under pytest-xdist the other test process may be running its own launch of this module's fixture)."""
     _, _, command = two_ranks
-    worker = os.path.join(HERE, "dp_worker.py")
-    leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if worker in (p.info["cmdline"] or [])]
+    worker, output = os.path.join(HERE, "dp_worker.py"), command[-1]
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if worker in (p.info["cmdline"] or []) and output in (p.info["cmdline"] or [])]
     assert leftovers == []
 
 
