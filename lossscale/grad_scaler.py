@@ -37,9 +37,10 @@ flag, the loss, ``get_scale()``); nothing after the refusal in that call runs.
 Per-method host syncs: none for ``scale``, ``unscale_``, ``step``, ``update`` and
 ``minimize`` inside ``mindspore.jit``. Called from Python, ``unscale_``, ``step`` and
 ``update`` each run their graph part as one compiled graph (compiled at the first call per
-gradient structure, 0.5-1 s; :mod:`lossscale._eager_calls`) and read one scalar to raise a
-refusal or branch: ``unscale_`` the optimizer's stage, ``step`` its skip decision (like
-PyTorch's ``step``), PyTorch's ``update`` whether anything was checked. ``get_scale`` and
+gradient structure, 0.1-0.4 s each; :mod:`lossscale._eager_calls`) and read scalars to raise
+a refusal or branch: ``unscale_`` the optimizer's stage, ``step`` that stage (so only the branch
+it takes is compiled) and its skip decision (like PyTorch's ``step``), PyTorch's ``update``
+whether anything was checked. ``get_scale`` and
 ``get_loss_scaling`` read the device when called eagerly (inside ``mindspore.jit`` they are graph
 reads, no sync); ``get_state`` and ``state_dict`` read the device; setters and
 ``load_state_dict`` write it. In a parallel mode (data parallel under ``msrun``) ``unscale_``,
