@@ -123,14 +123,14 @@ def _require_optimizer_parameters(argument, variables, parameters):
                          f"them in the order of opt.parameters.")
 
 
-def _check_variables(variables, parameters):
-    """The variables of Keras' ``(gradient, variable)`` pairs against the inner optimizer's parameters: from
-    Python, the same objects in order. Inside a compiled function a Parameter's identity is not visible and
-    nothing is checked here: MindSpore refuses gradients whose shapes do not fit the optimizer while compiling,
-    before anything runs (a shape check here cost 0.16 s of compile time, measured). Eager or compiled:
-    :func:`lossscale._parameters.outside_graph`."""
+def _check_variables(argument, variables, parameters):
+    """The variables given as ``argument`` (those of Keras' ``(gradient, variable)`` pairs, or ``minimize``'s
+    ``var_list``) against the inner optimizer's parameters: from Python, the same objects in order. Inside a
+    compiled function a Parameter's identity is not visible and nothing is checked here: MindSpore refuses
+    gradients whose shapes do not fit the optimizer while compiling, before anything runs (a shape check here
+    cost 0.16 s of compile time, measured). Eager or compiled: :func:`lossscale._parameters.outside_graph`."""
     if outside_graph(variables[0]):
-        _require_optimizer_parameters("grads_and_vars", variables, parameters)
+        _require_optimizer_parameters(argument, variables, parameters)
     return True
 
 
@@ -142,7 +142,7 @@ def _gradients_of(grads_and_vars, parameters):
     refuse_non_gradients(grads_and_vars, "grads_and_vars")
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
-        _check_variables(tuple(pair[1] for pair in items), parameters)
+        _check_variables("grads_and_vars", tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
     for index, grad in enumerate(items):
         if grad is None:
@@ -352,18 +352,17 @@ class LossScaleOptimizer(nn.Cell):
         ranks first, as MindSpore's ``TrainOneStepCell`` does (with ``apply_gradients`` the
         caller reduces them). Returns True if the step was skipped.
         """
-        from mindspore import value_and_grad  # pylint: disable=import-outside-toplevel
-
-        if not callable(loss):
-            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}.")
         parameters = self._inner.parameters
+        if outside_graph(parameters[0]) and not callable(loss):  # (MindSpore's graph syntax has no callable())
+            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}.")
         if var_list is not None:
-            _require_optimizer_parameters("var_list", list(var_list) if isinstance(var_list, (list, tuple))
-                                          else [var_list], parameters)
+            _check_variables("var_list", tuple(var_list) if isinstance(var_list, (list, tuple)) else (var_list,),
+                             parameters)
+
         def scaled_loss():
             return self.get_scaled_loss(loss())
 
-        _, grads = value_and_grad(scaled_loss, None, parameters)()
+        _, grads = ms.value_and_grad(scaled_loss, None, parameters)()
         return self.apply_gradients(self.get_unscaled_gradients(self._grad_reducer(grads)))
 
     # ---- properties ------------------------------------------------------------------------------

@@ -53,6 +53,35 @@ def test_keras_docs_manual_example_with_keras_pairs():
     assert _value(model.var) == 0.25
 
 
+@pytest.mark.parametrize("var_list", [False, True], ids=["no_var_list", "var_list"])
+def test_minimize_inside_a_compiled_function_trains_as_eagerly(var_list):
+    """Keras users call minimize() inside tf.function; inside mindspore.jit it failed to compile ("Unsupported
+    statement 'ImportFrom'", then callable() and the var_list identity check). Now the same skips, scales,
+    iterations and weights as eagerly, an inf batch included."""
+    batches = regression_batches(5)
+    batches[1] = (with_inf(batches[1][0]), batches[1][1])
+
+    def run_minimize(compiled):
+        net = regression_net()
+        opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=64.0, dynamic_growth_steps=2)
+        variables = net.trainable_params() if var_list else None
+
+        def iteration(x, y):
+            def loss():
+                return net(x, y)
+            return opt.minimize(loss, variables)
+
+        step = ms.jit(iteration) if compiled else iteration
+        history = [(bool(step(Tensor(x), Tensor(y))), _value(opt.loss_scale), opt.iterations.asnumpy().item())
+                   for x, y in batches]
+        return history, [p.asnumpy() for p in net.trainable_params()]
+
+    (history, weights), (eager_history, eager_weights) = run_minimize(True), run_minimize(False)
+    assert history == eager_history == [(F, 64.0, 1), (T, 32.0, 2), (F, 32.0, 3), (F, 64.0, 4), (F, 64.0, 5)]
+    for ours, control in zip(weights, eager_weights):
+        np.testing.assert_array_equal(ours, control)
+
+
 def test_fixed_loss_scale_applied_to_loss_with_minimize():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 1.0), dynamic=False, initial_scale=10.0)
