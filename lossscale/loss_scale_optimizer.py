@@ -303,7 +303,7 @@ class LossScaleOptimizer(nn.Cell):
         A non-finite loss is multiplied by nan instead, so every gradient computed from it is nan and
         ``apply_gradients`` skips them; nothing is recorded for a later iteration."""
         if not isinstance(loss, (Tensor, tuple, list)):
-            if not callable(loss):
+            if outside_graph(self._iteration.loss_scaled) and not callable(loss):  # (no callable() in graph syntax)
                 raise ValueError(f"'loss' must be a Tensor or a callable returning one, but got {type(loss).__name__}.")
 
             def scaled_loss():

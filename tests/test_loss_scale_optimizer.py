@@ -175,6 +175,20 @@ def test_get_scaled_loss_callable_and_unscaled_gradients_with_none():
     assert _value(unscaled[0]) == 2.0 and unscaled[1] is None
 
 
+def test_get_scaled_loss_of_a_callable_inside_a_compiled_function():
+    """The callable form inside mindspore.jit (as Keras' inside tf.function) failed to compile (KeyError 'loss':
+    callable() is not graph syntax); the scaled loss is the eager one, and the scaling call is recorded."""
+    model = Square(3.0)
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25), initial_scale=4.0)
+
+    def scaled_of_callable():
+        return opt.get_scaled_loss(model)()
+
+    assert _value(ms.jit(scaled_of_callable)()) == 36.0
+    assert bool(opt._iteration.loss_scaled.asnumpy())  # pylint: disable=protected-access
+    assert _value(scaled_of_callable()) == 36.0
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["apply_gradients", "call"])
 def test_a_none_gradient_is_refused_by_position(compiled, call):
