@@ -157,6 +157,16 @@ def _checked_new_scale(value, low, high):
 
 
 @constexpr
+def _refuse_host_call_in_graph(method, from_python):
+    """RuntimeError while tracing a compiled function that calls a host method (``from_python`` False)."""
+    if not from_python:
+        raise RuntimeError(f"GradScaler.{method} reads or writes the scaler's state from Python (a host call): call it "
+                           f"outside mindspore.jit, between iterations. Steps compiled before it see what it "
+                           f"changes; inside a compiled function read the scale with get_scale().")
+    return True
+
+
+@constexpr
 def _refuse_new_scale_shape(shape):
     if int(np.prod(shape)) != 1:
         raise TypeError(f"'new_scale' must be one float value, but got a Tensor of shape {tuple(shape)}.")
@@ -459,6 +469,12 @@ class GradScaler:
         """Paddle's update() needs no step(); PyTorch's does (TorchGradScaler)."""
         return None
 
+    def _host_only(self, method):
+        """A clear error when a host method is traced into a compiled function (MindSpore's own message would be
+        about ``asnumpy`` or an unsupported ``try``). A disabled scaler has no device state: nothing to refuse."""
+        if self._enabled:
+            _refuse_host_call_in_graph(method, outside_graph(self._states.table))
+
     def minimize(self, optimizer, grads, key=None):
         """``step(optimizer, grads, key)`` then ``update()`` (Paddle); return True if the step was skipped."""
         skipped = self.step(optimizer, grads, key)
@@ -476,6 +492,7 @@ class GradScaler:
 
     def is_use_dynamic_loss_scaling(self):
         """Whether the scale is updated dynamically (False when disabled, as Paddle)."""
+        self._host_only("is_use_dynamic_loss_scaling()")
         return self._enabled and self._core.dynamic
 
     def get_scale(self):
@@ -490,6 +507,7 @@ class GradScaler:
 
     def get_state(self):
         """The rule's state (:class:`lossscale.policy.LossScaleState`), read from the device."""
+        self._host_only("get_state()")
         if not self._enabled:
             return LossScaleState(scale=1.0)
         return self._core.update_cell.get_state()
@@ -528,6 +546,7 @@ class GradScaler:
 
     # ---- settings (host; they reach steps compiled before them) ---------------------------------------
     def _set_rule(self, **fields):
+        self._host_only("set_...() (a setter)")
         policy = _framework_rule(fields, self._FIELDS, self._policy)
         if self._enabled:
             state = None
@@ -570,6 +589,7 @@ class GradScaler:
         A rule whose hysteresis works unlike Paddle's (a ``policy`` such as Megatron's) adds
         ``consecutive_hysteresis`` and ``refill_hysteresis_on_backoff``, so that a round trip keeps
         them; Paddle's own ``load_state_dict`` ignores keys it does not know."""
+        self._host_only("state_dict()")
         if not self._enabled:
             return {}
         state, policy = self.get_state(), self._policy
@@ -588,6 +608,7 @@ class GradScaler:
         Ignored when disabled (as Paddle and PyTorch). The saved scale also becomes the
         initial scale (as both do).
         """
+        self._host_only("load_state_dict()")
         if not self._enabled:
             return
         if not isinstance(state_dict, Mapping):
@@ -682,6 +703,7 @@ class TorchGradScaler(GradScaler):
         ``hysteresis`` (overflows per backoff), ``_hysteresis_tracker`` (overflows counted towards
         the next backoff), ``consecutive_hysteresis`` and ``refill_hysteresis_on_backoff``, so that
         a round trip keeps them; PyTorch's own ``load_state_dict`` ignores keys it does not know."""
+        self._host_only("state_dict()")
         if not self._enabled:
             return {}
         state, policy = self.get_state(), self._policy

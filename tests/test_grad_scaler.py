@@ -1373,6 +1373,55 @@ def test_update_with_new_scale_in_a_compiled_step_acts_as_eagerly(as_tensor):
         np.testing.assert_array_equal(ours, control)
 
 
+def _set_growth_factor(scaler):
+    scaler.set_growth_factor(4.0)
+
+
+def _set_init_loss_scaling(scaler):
+    scaler.set_init_loss_scaling(8.0)
+
+
+def _state_dict(scaler):
+    scaler.state_dict()
+
+
+def _load_state_dict(scaler):
+    scaler.load_state_dict(scaler.state_dict())
+
+
+def _get_state(scaler):
+    scaler.get_state()
+
+
+def _is_use_dynamic_loss_scaling(scaler):
+    scaler.is_use_dynamic_loss_scaling()
+
+
+# Named functions: MindSpore cannot parse a lambda defined inside a dict.
+HOST_CALLS = {call.__name__[1:]: call for call in (_set_growth_factor, _set_init_loss_scaling, _state_dict,
+                                                   _load_state_dict, _get_state, _is_use_dynamic_loss_scaling)}
+
+
+@pytest.mark.parametrize("spelling", ["torch", "paddle"])
+@pytest.mark.parametrize("method", sorted(HOST_CALLS))
+def test_a_host_method_inside_a_compiled_function_says_so(method, spelling):
+    """Setters, state_dict() and the other host calls read or write the device from Python; inside mindspore.jit
+    they failed with MindSpore's messages ("Unsupported statement 'Try'", "'asnumpy' is not supported"). Now a
+    RuntimeError naming the method says to call it outside; the scaler is unchanged and works eagerly."""
+    scaler = GradScaler("cuda", init_scale=256.0) if spelling == "torch" else GradScaler(init_loss_scaling=256.0)
+    call = HOST_CALLS[method]
+
+    def compiled(x):
+        call(scaler)
+        return x
+
+    with pytest.raises(RuntimeError, match=r"reads or writes the scaler's state from Python \(a host call\): call it "
+                                           r"outside mindspore.jit"):
+        ms.jit(compiled)(Tensor(1.0))
+    assert scaler.get_scale() == 256.0 and scaler.get_growth_factor() == 2.0
+    call(scaler)  # eagerly it works
+
+
 def _bounded_scaler():
     """A PyTorch-spelled scaler whose rule has a floor of 2 and a ceiling of 1024 (scale 256)."""
     return GradScaler("cuda", policy=get_preset("pytorch", init_scale=256.0, min_scale=2.0, max_scale=1024.0))
