@@ -129,7 +129,7 @@ def _check_variables(argument, variables, parameters):
     compiled function a Parameter's identity is not visible and nothing is checked here: MindSpore refuses
     gradients whose shapes do not fit the optimizer while compiling, before anything runs (a shape check here
     cost 0.16 s of compile time, measured). Eager or compiled: :func:`lossscale._parameters.outside_graph`."""
-    if outside_graph(variables[0]):
+    if not variables or outside_graph(variables[0]):  # none at all is wrong anywhere
         _require_optimizer_parameters(argument, variables, parameters)
     return True
 
@@ -316,7 +316,7 @@ class LossScaleOptimizer(nn.Cell):
 
     def get_unscaled_gradients(self, grads):
         """Every gradient divided by the loss scale (in float32); None entries are passed through."""
-        refuse_non_gradients(grads, "grads")
+        refuse_non_gradients(grads, "grads", allow_empty=True)  # Keras returns [] for []
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
         return unscaled

@@ -368,11 +368,12 @@ class LossScaler(nn.Cell):
 # constants; MindSpore would otherwise log "is a constexpr function. The input arguments must be all constant value"
 # at every compilation of the user's step.
 @constexpr(check=False)
-def refuse_non_gradients(grads, argument):
+def refuse_non_gradients(grads, argument, allow_empty=False):
     """TypeError, at trace time inside a graph, unless ``grads`` (given to a front-end where the gradients go) is
     a tuple or list. One Tensor is Paddle's habit ``minimize(optimizer, scaled_loss)``; an optimizer is
     PyTorch's ``unscale_(optimizer)``/``step(optimizer, ...)``: both frameworks find the gradients on the
-    optimizer, while MindSpore's are values.
+    optimizer, while MindSpore's are values. An empty one is a ValueError unless ``allow_empty`` (there is
+    nothing to check, and the optimizer needs a gradient per parameter).
 
     Example:
         >>> refuse_non_gradients((Tensor(np.float32(1.0)),), "grads")
@@ -391,6 +392,9 @@ def refuse_non_gradients(grads, argument):
     if not isinstance(grads, (tuple, list)):
         raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
                         f"mindspore.value_and_grad returns for them).")
+    if not grads and not allow_empty:
+        raise ValueError(f"'{argument}' holds no gradients: give one per parameter of the optimizer (what "
+                         f"mindspore.value_and_grad returns for optimizer.parameters).")
     return True
 
 

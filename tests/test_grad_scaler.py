@@ -1016,6 +1016,34 @@ def test_anything_but_the_gradients_is_refused(compiled, given, call):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "call"])
+def test_no_gradients_at_all_are_refused(compiled, call):
+    """An empty tuple where the gradients go: a ValueError naming the argument (was an IndexError from unscale_,
+    MindSpore's "cannot get item by index from an empty sequence" from apply_gradients and the wrapper's call,
+    after warning that the loss was not scaled), nothing recorded or applied; get_unscaled_gradients(()) returns
+    () as Keras' returns []."""
+    net = nn.Dense(1, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    calls = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)
+    function, argument = calls[call]
+
+    def run(x):
+        return x, function(())
+
+    before = training_state(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # refused before the LossScaleOptimizer's usage warning
+        with pytest.raises(ValueError, match=f"'{argument}' holds no gradients"):
+            _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    for scaler in (torch_scaler, paddle_scaler):
+        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
+    assert calls["get_unscaled_gradients"][0](()) == ()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["step", "minimize"])
 @pytest.mark.parametrize("weight_decay", [0.01, 0.0], ids=["decay", "no_decay"])
 def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call, weight_decay):

@@ -358,8 +358,9 @@ def test_applying_without_the_scaling_calls_warns_once():
 def test_minimize_checks_var_list():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
-    with pytest.raises(ValueError, match="'var_list' must be the inner optimizer's parameters"):
-        opt.minimize(model, var_list=[Parameter(Tensor(np.float32(1.0)), name="other")])
+    for var_list in ([Parameter(Tensor(np.float32(1.0)), name="other")], []):
+        with pytest.raises(ValueError, match="'var_list' must be the inner optimizer's parameters"):
+            opt.minimize(model, var_list=var_list)
     with pytest.raises(ValueError, match="'loss' must be a callable"):
         opt.minimize(Tensor(np.float32(1.0)))
     opt.minimize(model, var_list=model.var)
