@@ -18,9 +18,10 @@ one. ``step()``'s refusals sit in the branch that skips the optimizer, so a corr
 extra control flow.
 
 A slot is chosen per *key* at trace time: an explicit ``key`` (an int or str constant), or by
-default the structure of the gradients (their shapes and dtypes), which is the same for
-``unscale_()`` and ``step()`` of one optimizer and differs between optimizers whose parameters
-differ. Optimizers with identical parameter shapes need explicit keys.
+default the structure of the gradients (their shapes), which is the same for ``unscale_()`` and
+``step()`` of one optimizer and differs between optimizers whose parameters differ. Not their
+dtypes: gradients cast between ``unscale_()`` and ``step()`` (to float32 for clipping, say) are
+still the ones ``unscale_()`` returned. Optimizers with identical parameter shapes need explicit keys.
 
 Example:
     >>> states = OptimizerStates("doc_states", capacity=4)
@@ -75,8 +76,11 @@ def _none_describe(grad):
 
 @constexpr
 def _signature(description):
-    """A deterministic 24-bit int for the (shape, dtype) structure of a gradient tuple (exact in float32)."""
-    return zlib.crc32(repr(description).encode()) & 0xFFFFFF
+    """A deterministic 24-bit int for the structure of a gradient tuple, its shapes (exact in float32). Not the
+    dtypes: with them, gradients cast after unscale_() looked like another optimizer's to step(), which divided
+    them by the scale a second time (measured: a 1/S-times update, silently)."""
+    shapes = tuple(None if item is None else tuple(item[0]) for item in description)
+    return zlib.crc32(repr(shapes).encode()) & 0xFFFFFF
 
 
 def _refuse_misfit(descriptions, parameter_shapes):

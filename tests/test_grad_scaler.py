@@ -34,8 +34,9 @@ SKIP_ITER = 2
 
 
 def _grad_fn(scaler, net, optimizer):
-    def forward(x, y):
-        return scaler.scale(net(x, y))
+    """``value_and_grad`` of ``scaler.scale(net(*inputs))`` (a network with its loss)."""
+    def forward(*inputs):
+        return scaler.scale(net(*inputs))
 
     return ms.value_and_grad(forward, None, optimizer.parameters)
 
@@ -784,6 +785,42 @@ def test_loss_scale_optimizer_called_from_python_compiles_once():
             opt.apply_gradients(grads)
             opt(grads)
     assert len(opt._apply_step.compile_cache) == 1 and len(opt.compile_cache) == 1  # pylint: disable=protected-access
+
+
+class _CastNet(nn.Cell):
+    """``mean((x @ w)^2)`` with ``w`` (all ones) of ``dtype``: its gradient is 2 per entry for ``x`` of ones."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.w = ms.Parameter(Tensor(np.ones((2, 2), dtype)), name="w")
+
+    def construct(self, x):
+        return (ops.matmul(x.astype(self.w.dtype), self.w).astype(ms.float32) ** 2).mean()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("param_dtype, cast_to", [(np.float16, ms.float32), (np.float32, ms.float16)],
+                         ids=["float16_params_cast_to_float32", "float32_params_cast_to_float16"])
+def test_gradients_cast_after_unscale_are_stepped_once_unscaled(param_dtype, cast_to, compiled):
+    """Gradients cast between unscale_() and step() (to float32 for clipping, say) had another structure
+    signature, so step() took them for another optimizer's and divided them by the scale again: a 1/S-times
+    update, silently (float16 weights did not move at all). The slot follows the shapes only now."""
+    net = _CastNet(param_dtype)
+    opt = nn.SGD([net.w], 0.125)
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def iteration(x):
+        _, grads = grad_fn(x)
+        grads = tuple(grad.astype(cast_to) for grad in scaler.unscale_(grads))
+        skipped = scaler.step(opt, ops.clip_by_global_norm(grads, 100.0))
+        scaler.update()
+        return skipped
+
+    before = net.w.asnumpy().astype(np.float32)
+    skipped = (ms.jit(iteration) if compiled else iteration)(Tensor(np.ones((1, 2), np.float32)))
+    assert not bool(skipped)
+    np.testing.assert_allclose(before - net.w.asnumpy().astype(np.float32), np.full((2, 2), 0.25), rtol=2e-3)
 
 
 def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_refused():
