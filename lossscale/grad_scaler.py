@@ -413,11 +413,12 @@ class GradScaler:
         a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
         an optimizer built with its own ``loss_scale``, and gradients whose shapes are not those
         of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
-        function MindSpore refuses them while compiling).
+        function MindSpore refuses them while compiling). A list is applied as a tuple (MindSpore's
+        optimizers take tuples).
         """
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
-            return ops.depend(Tensor(False), optimizer(grads))
+            return ops.depend(Tensor(False), optimizer(tuple(grads)))
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
         parameters = getattr(optimizer, "parameters", None)
         if parameters is None:
@@ -432,7 +433,7 @@ class GradScaler:
             to_apply, skipped, code = self._iteration.step_decision(grads, slot, structure)
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
-            skipped = ops.depend(skipped, optimizer(to_apply))
+            skipped = ops.depend(skipped, optimizer(tuple(to_apply)))
         else:
             skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
         return skipped

@@ -823,6 +823,35 @@ def test_gradients_cast_after_unscale_are_stepped_once_unscaled(param_dtype, cas
     np.testing.assert_allclose(before - net.w.asnumpy().astype(np.float32), np.full((2, 2), 0.25), rtol=2e-3)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_gradients_edited_as_a_list_are_applied_as_the_tuple(enabled, compiled):
+    """``grads = list(scaler.unscale_(grads)); grads[0] = clip(grads[0])``, then ``step(opt, grads)``: MindSpore's
+    optimizers take tuples only ("the types of arguments in HyperMap must be consistent"), and the step had
+    already been recorded. Now applied as the tuple would be: the same weights as the tuple control."""
+    def run(as_list):
+        net = regression_net()
+        opt = nn.SGD(net.trainable_params(), 0.05)
+        scaler = GradScaler("cuda", init_scale=1024.0, enabled=enabled)
+        grad_fn = _grad_fn(scaler, net, opt)
+
+        def iteration(x, y):
+            _, grads = grad_fn(x, y)
+            grads = scaler.unscale_(grads)
+            edited = [ops.clip_by_value(grads[0], -0.1, 0.1)] + list(grads[1:])
+            skipped = scaler.step(opt, edited if as_list else tuple(edited))
+            scaler.update()
+            return skipped
+
+        step = ms.jit(iteration) if compiled else iteration
+        for x, y in _batches(2):
+            assert not bool(step(x, y))
+        return [p.asnumpy() for p in net.trainable_params()]
+
+    for ours, control in zip(run(as_list=True), run(as_list=False)):
+        np.testing.assert_array_equal(ours, control)
+
+
 def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_refused():
     """A documented limitation (docs/migration.md): with explicit keys and identical parameter shapes, step() of
     an optimizer that was not unscaled is refused while another key's gradients are unscaled and not yet
