@@ -426,11 +426,9 @@ class GradScaler:
         self._states.refuse_misfit(grads, parameters)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
-        if outside_graph(self._states.table):  # one host read: only the branch this call takes is compiled
-            to_apply, skipped, code = self._calls.run(self._iteration.step_decision, grads, slot, structure,
-                                                      self._states.host_unscaled(slot))
-        else:
-            to_apply, skipped, code = self._iteration.step_decision(grads, slot, structure)
+        # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
+        to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure,
+                                            self._states.host_unscaled(slot))
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             skipped = ops.depend(skipped, optimizer(tuple(to_apply)))

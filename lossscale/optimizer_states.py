@@ -322,8 +322,11 @@ class OptimizerStates(nn.Cell):
 
     # ---- host ----------------------------------------------------------------------------------
     def host_unscaled(self, slot):
-        """Whether ``slot``'s stage is UNSCALED (one host sync)."""
-        return bool(self.table.asnumpy()[STAGE, slot] == UNSCALED)
+        """Whether ``slot``'s stage is UNSCALED, read on the host (one sync); None inside a compiled function,
+        where the graph reads it (:func:`lossscale._parameters.outside_graph`)."""
+        if outside_graph(self.table):
+            return bool(self.table.asnumpy()[STAGE, slot] == UNSCALED)
+        return None
 
     def between_iterations(self):
         """True when no unscale_() or step() happened since the last update() (one host sync)."""
