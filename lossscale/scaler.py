@@ -83,10 +83,11 @@ def _scale_tree(scale, tree, before_backward):
 
 
 def _check_loss(loss):
-    """A TypeError for a Python value where a loss tensor belongs (MindSpore's own error would not say so)."""
-    if isinstance(loss, (bool, int, float, str, dict)) or loss is None:
-        raise TypeError("'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got a "
-                        "Python number, str, dict or None: scale the loss tensor itself.")
+    """A TypeError naming what came where a loss tensor belongs: a Python or NumPy value (MindSpore's own error
+    would name a primitive, ``Dtype``, eagerly and an attribute under jit)."""
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
+                        f"{type(loss).__name__} {loss!r}: scale the loss tensor itself.")
 
 
 _loss_term = ops.MultitypeFuncGraph("_loss_term")

@@ -10,6 +10,7 @@ import gc
 import inspect
 import logging
 import pickle
+import re
 import sys
 import warnings
 import weakref
@@ -362,20 +363,24 @@ def test_scale_nested_outputs():
     assert all(o.dtype == ms.float32 for o in flat) and isinstance(outputs[2], list)
 
 
-@pytest.mark.parametrize("outputs", [2.0, 3, None, "loss", {"loss": 1}, (Tensor(np.float32(1.0)), 2.0)],
-                         ids=["float", "int", "None", "str", "dict", "nested_float"])
+@pytest.mark.parametrize("outputs, shown", [
+    (2.0, "float 2.0"), (3, "int 3"), (None, "NoneType None"), ("loss", "str 'loss'"), ({"loss": 1}, "dict"),
+    ((Tensor(np.float32(1.0)), 2.0), "float 2.0"), (np.float32(2.0), "float"), (np.ones(2, np.float32), "ndarray")],
+    ids=["float", "int", "None", "str", "dict", "nested_float", "numpy_scalar", "numpy_array"])
 @pytest.mark.parametrize("spelling", [(), ("cpu",)], ids=["paddle", "pytorch"])
-def test_scale_refuses_python_values_with_a_clear_error(outputs, spelling):
-    """MindSpore's own error names a primitive (``Dtype``), eagerly, and an attribute, under jit."""
+def test_scale_refuses_python_values_with_a_clear_error(outputs, shown, spelling):
+    """MindSpore's own error names a primitive (``Dtype``), eagerly, and an attribute, under jit; ours names what
+    came (under jit a NumPy scalar is a Python float already)."""
     scaler = GradScaler(*spelling)
-    with pytest.raises(TypeError, match="'outputs' must be a Tensor"):
+    message = f"'outputs' must be a Tensor .* but got {re.escape(shown)}"
+    with pytest.raises(TypeError, match=message):
         scaler.scale(outputs)
 
     @ms.jit
     def compiled():
         return scaler.scale(outputs)
 
-    with pytest.raises(TypeError, match="'outputs' must be a Tensor"):
+    with pytest.raises(TypeError, match=message):
         compiled()
     assert scaler.get_scale() == (32768.0 if not spelling else 65536.0)
 
