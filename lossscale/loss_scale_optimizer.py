@@ -43,7 +43,8 @@ from lossscale._validation import TypeValueError
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale, refuse_non_gradients
+from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_host_values,
+                              refuse_non_gradients)
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -144,6 +145,7 @@ def _gradients_of(grads_and_vars, parameters):
     if items and isinstance(items[0], (tuple, list)):
         _check_variables("grads_and_vars", tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
+        refuse_host_values(items, "grads_and_vars")
     for index, grad in enumerate(items):
         if grad is None:
             raise ValueError(f"gradient {index} is None: MindSpore optimizers need a gradient for every parameter.")

@@ -396,6 +396,22 @@ def refuse_non_gradients(grads, argument, allow_empty=False):
     if not grads and not allow_empty:
         raise ValueError(f"'{argument}' holds no gradients: give one per parameter of the optimizer (what "
                          f"mindspore.value_and_grad returns for optimizer.parameters).")
+    return refuse_host_values(grads, argument)
+
+
+def refuse_host_values(grads, argument):
+    """TypeError, at trace time inside a graph, if an entry of ``grads`` is a number or a NumPy value (MindSpore's
+    own error says only "For 'MultitypeFuncGraph', the input can not be numpy.ndarray"). Other entries (Tensors,
+    ``None``, Keras' pairs) are left to the caller.
+
+    Example:
+        >>> refuse_host_values((Tensor(np.float32(1.0)), None), "grads")
+        True
+    """
+    for index, grad in enumerate(grads):
+        if isinstance(grad, (bool, int, float, np.ndarray, np.generic)):
+            raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got {type(grad).__name__}: "
+                            f"gradients are MindSpore Tensors (convert NumPy values with mindspore.Tensor).")
     return True
 
 

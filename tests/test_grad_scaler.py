@@ -1115,6 +1115,37 @@ def test_no_gradients_at_all_are_refused(compiled, call):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call, pairs", [(call, False) for call in ("unscale_", "step", "minimize", "apply_gradients",
+                                                                     "get_unscaled_gradients", "call")]
+                         + [("apply_gradients", True), ("call", True)])  # Keras' (gradient, variable) pairs
+def test_numpy_gradients_are_refused_naming_the_entry(compiled, call, pairs):
+    """A NumPy array among the gradients (the bias's here): a TypeError naming the argument and the entry (was
+    MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray", with the LossScaleOptimizer's
+    usage warning and an analyzer dump first), before anything is recorded or applied."""
+    net = nn.Dense(1, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    function, argument = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)[call]
+    grads = (Tensor(np.ones((1, 1), np.float32)), np.ones(1, np.float32))
+    given = tuple(zip(grads, keras.inner_optimizer.parameters)) if pairs else grads
+    argument = "grads_and_vars" if pairs else argument
+
+    def run(x):
+        return x, function(given)
+
+    before = training_state(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # refused before the LossScaleOptimizer's usage warning
+        with pytest.raises(TypeError, match=f"'{argument}\\[1\\]' must be a gradient Tensor, but got ndarray"):
+            _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    for scaler in (torch_scaler, paddle_scaler):
+        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
+    assert float(keras.loss_scale.asnumpy()) == 8.0 and int(keras.iterations) == 0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["step", "minimize"])
 @pytest.mark.parametrize("weight_decay", [0.01, 0.0], ids=["decay", "no_decay"])
 def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call, weight_decay):
