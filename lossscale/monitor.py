@@ -76,8 +76,9 @@ class LossScaleMonitor(Callback):
     none, as a plain ``TrainOneStepCell``), a missing overflow flag counts as no overflow.
 
     Args:
-        csv_path (str or os.PathLike, optional): write the records there at the end of training.
-        print_summary (bool): print a one-paragraph summary at the end. Default True.
+        csv_path (str or os.PathLike, optional): write the records there at the end of training, also
+            when ``Model.train`` stops with an exception (e.g. :class:`lossscale.PersistentOverflowError`).
+        print_summary (bool): print a one-paragraph summary at the end (also then). Default True.
         stream: a text file for the summary (default ``sys.stdout``).
 
     Attributes:
@@ -106,6 +107,7 @@ class LossScaleMonitor(Callback):
         self.device_counters = None
         self._scale_before = None
         self._window_losses = []
+        self._train_network = None  # between on_train_begin and the end of training
 
     # ---- recording -------------------------------------------------------------------------
     def record(self, epoch, loss, loss_scale, overflow, next_loss_scale=None):
@@ -117,7 +119,8 @@ class LossScaleMonitor(Callback):
                              "next_loss_scale": scale if next_loss_scale is None else _scalar(next_loss_scale)})
 
     def on_train_begin(self, run_context):
-        self._scale_before = cell_loss_scale(getattr(run_context.original_args(), "train_network", None))
+        self._train_network = getattr(run_context.original_args(), "train_network", None)
+        self._scale_before = cell_loss_scale(self._train_network)
         self._window_losses = []
 
     def on_train_step_end(self, run_context):
@@ -148,7 +151,19 @@ class LossScaleMonitor(Callback):
         return loss, overflow, 1.0 if scale is None else scale
 
     def on_train_end(self, run_context):
-        train_network = getattr(run_context.original_args(), "train_network", None)
+        self._finish(getattr(run_context.original_args(), "train_network", None))
+
+    def __exit__(self, *error):
+        """Training stopped by an exception (a :class:`lossscale.PersistentOverflowError`, an interrupt):
+        MindSpore's ``Model`` then skips ``on_train_end`` but leaves its callbacks' context, so the steps
+        recorded so far are written and summarised here, where they matter most (the step that raised returned
+        no outputs: only the device counters have it)."""
+        if error[0] is not None and self._train_network is not None:
+            self._finish(self._train_network)
+
+    def _finish(self, train_network):
+        """The end of training: the device counters, the CSV and the summary."""
+        self._train_network = None  # written once, and the network is not kept alive by the monitor
         if hasattr(train_network, "overflow_counters"):
             self.device_counters = train_network.overflow_counters()
         if self.csv_path:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
-from lossscale import DynamicLossScaleManager, Model
+from lossscale import DynamicLossScaleManager, Model, PersistentOverflowError
 from lossscale.monitor import FIELDS, LossScaleMonitor
 from lossscale.policy import run
 
@@ -58,6 +58,29 @@ def test_monitor_inside_model_train(tmp_path, capsys):
     with open(path, encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert tuple(rows[0].keys()) == FIELDS and len(rows) == 10 and rows[-1]["skipped_steps"] == "2"
+
+
+def test_a_training_stopped_by_persistent_overflow_keeps_its_records(tmp_path, capsys):
+    """overflow_policy="raise" stops Model.train with PersistentOverflowError, and MindSpore then skips
+    on_train_end: the CSV and the summary of the steps so far, the ones that explain the stop, were lost."""
+    x = np.random.RandomState(0).randn(40, 4).astype(np.float32)
+    x[8:24, 1] = np.nan  # batches 2 and 3 (of 8 rows) overflow: two in a row
+    data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
+    net = nn.Dense(4, 2)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1),
+                  loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8), overflow_policy="raise",
+                  max_consecutive_overflows=2)
+    path = tmp_path / "steps.csv"
+    monitor = LossScaleMonitor(csv_path=str(path))
+    with pytest.raises(PersistentOverflowError):
+        model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
+    # The step that raised returned no outputs to record; the device counters have it.
+    assert [r["overflow"] for r in monitor.records] == [False, True]
+    assert (monitor.device_counters["steps"], monitor.device_counters["skipped_steps"]) == (3, 2)
+    printed = capsys.readouterr().out
+    assert "2 steps, 1 skipped" in printed and "device counters: 3 optimizer steps, 2 skipped" in printed
+    with open(path, encoding="utf-8") as handle:
+        assert [row["overflow"] for row in csv.DictReader(handle)] == ["False", "True"]
 
 
 def test_monitor_with_a_plain_train_cell():
