@@ -1086,6 +1086,34 @@ def test_anything_but_the_gradients_is_refused(compiled, given, call):
     assert float(keras.loss_scale.asnumpy()) == 8.0
 
 
+def _refused_before_anything_happens(call, given, compiled, error, pattern):
+    """``call`` (a key of :func:`_gradient_calls`) given ``given`` where the gradients go (a callable: built from the
+    LossScaleOptimizer's inner parameters), eagerly or inside a jit function: ``error`` matching ``pattern``
+    (``{argument}`` names the call's argument), raised before the LossScaleOptimizer's usage warning, with
+    nothing applied or recorded. Returns the calls."""
+    net = nn.Dense(1, 1)
+    opt = nn.SGD(net.trainable_params(), 0.1)
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
+    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
+    calls = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)
+    function, argument = calls[call]
+    given = given(keras.inner_optimizer.parameters) if callable(given) else given
+
+    def run(x):
+        return x, function(given)
+
+    before = training_state(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(error, match=pattern.format(argument=argument)):
+            _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    for scaler in (torch_scaler, paddle_scaler):
+        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
+    assert float(keras.loss_scale.asnumpy()) == 8.0 and int(keras.iterations) == 0
+    return calls
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "call"])
 def test_no_gradients_at_all_are_refused(compiled, call):
@@ -1093,24 +1121,7 @@ def test_no_gradients_at_all_are_refused(compiled, call):
     MindSpore's "cannot get item by index from an empty sequence" from apply_gradients and the wrapper's call,
     after warning that the loss was not scaled), nothing recorded or applied; get_unscaled_gradients(()) returns
     () as Keras' returns []."""
-    net = nn.Dense(1, 1)
-    opt = nn.SGD(net.trainable_params(), 0.1)
-    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
-    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
-    calls = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)
-    function, argument = calls[call]
-
-    def run(x):
-        return x, function(())
-
-    before = training_state(net)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # refused before the LossScaleOptimizer's usage warning
-        with pytest.raises(ValueError, match=f"'{argument}' holds no gradients"):
-            _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
-    for scaler in (torch_scaler, paddle_scaler):
-        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
+    calls = _refused_before_anything_happens(call, (), compiled, ValueError, "'{argument}' holds no gradients")
     assert calls["get_unscaled_gradients"][0](()) == ()
 
 
@@ -1122,27 +1133,14 @@ def test_numpy_gradients_are_refused_naming_the_entry(compiled, call, pairs):
     """A NumPy array among the gradients (the bias's here): a TypeError naming the argument and the entry (was
     MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray", with the LossScaleOptimizer's
     usage warning and an analyzer dump first), before anything is recorded or applied."""
-    net = nn.Dense(1, 1)
-    opt = nn.SGD(net.trainable_params(), 0.1)
-    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
-    keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0)
-    function, argument = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)[call]
     grads = (Tensor(np.ones((1, 1), np.float32)), np.ones(1, np.float32))
-    given = tuple(zip(grads, keras.inner_optimizer.parameters)) if pairs else grads
-    argument = "grads_and_vars" if pairs else argument
 
-    def run(x):
-        return x, function(given)
+    def pairs_of(parameters):
+        return tuple(zip(grads, parameters))
 
-    before = training_state(net)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # refused before the LossScaleOptimizer's usage warning
-        with pytest.raises(TypeError, match=f"'{argument}\\[1\\]' must be a gradient Tensor, but got ndarray"):
-            _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
-    for scaler in (torch_scaler, paddle_scaler):
-        assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
-    assert float(keras.loss_scale.asnumpy()) == 8.0 and int(keras.iterations) == 0
+    argument = "grads_and_vars" if pairs else "{argument}"
+    _refused_before_anything_happens(call, pairs_of if pairs else grads, compiled, TypeError,
+                                     f"'{argument}\\[1\\]' must be a gradient Tensor, but got ndarray")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
