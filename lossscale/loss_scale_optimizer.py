@@ -43,8 +43,8 @@ from lossscale._validation import TypeValueError
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_host_values,
-                              refuse_non_gradients)
+from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_non_gradients,
+                              refuse_non_sequence, refuse_non_tensor_entries)
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -135,17 +135,17 @@ def _check_variables(argument, variables, parameters):
     return True
 
 
-def _gradients_of(grads_and_vars, parameters):
-    """Gradients from a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form), whose
-    variables must be ``parameters`` in order (see :func:`_check_variables`)."""
+def _gradients_of(grads_and_vars, parameters, argument):
+    """Gradients from ``argument``, a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form),
+    whose variables must be ``parameters`` in order (see :func:`_check_variables`)."""
     if not isinstance(grads_and_vars, (Tensor, nn.Cell, tuple, list)) and hasattr(grads_and_vars, "__iter__"):
         grads_and_vars = tuple(grads_and_vars)  # Keras' zip(grads, variables)
-    refuse_non_gradients(grads_and_vars, "grads_and_vars")
+    refuse_non_sequence(grads_and_vars, argument)
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
-        _check_variables("grads_and_vars", tuple(pair[1] for pair in items), parameters)
+        _check_variables(argument, tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
-        refuse_host_values(items, "grads_and_vars")
+    refuse_non_tensor_entries(items, argument)
     for index, grad in enumerate(items):
         if grad is None:
             raise ValueError(f"gradient {index} is None: MindSpore optimizers need a gradient for every parameter.")
@@ -318,19 +318,19 @@ class LossScaleOptimizer(nn.Cell):
 
     def get_unscaled_gradients(self, grads):
         """Every gradient divided by the loss scale (in float32); None entries are passed through."""
-        refuse_non_gradients(grads, "grads", allow_empty=True)  # Keras returns [] for []
+        # allow_empty positional: a constexpr called with a keyword inside mindspore.jit receives {name: value} as its
+        # next positional argument instead (MindSpore 2.10, measured).
+        refuse_non_gradients(grads, "grads", True)  # Keras returns [] for []
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
         return unscaled
 
     def construct(self, grads):
-        refuse_non_gradients(grads, "grads")
-        return self._apply_step(_gradients_of(grads, self._inner.parameters))
+        return self._apply_step(_gradients_of(grads, self._inner.parameters, "grads"))
 
     def __call__(self, grads):
         # Checked before the warning (construct checks compiled calls): one Tensor, None entries, Keras' pairs.
-        refuse_non_gradients(grads, "grads")
-        grads = _gradients_of(grads, self._inner.parameters)
+        grads = _gradients_of(grads, self._inner.parameters, "grads")
         self._iteration.warn_once_without_scaling()
         self._iteration.refuse_mismatch()  # from Python, as in _ApplyGradients.__call__
         return super().__call__(_variable(grads))
@@ -344,7 +344,7 @@ class LossScaleOptimizer(nn.Cell):
         From Python they are checked by identity (``ValueError`` before anything is applied); inside
         a compiled function they cannot be, and MindSpore refuses only gradients whose shapes do not
         fit the optimizer (while compiling)."""
-        return self._apply_step(_gradients_of(grads_and_vars, self._inner.parameters))
+        return self._apply_step(_gradients_of(grads_and_vars, self._inner.parameters, "grads_and_vars"))
 
     def minimize(self, loss, var_list=None):
         """Keras' ``minimize``: scale ``loss()`` (a callable), differentiate, unscale, apply, update the scale.

@@ -371,13 +371,25 @@ class LossScaler(nn.Cell):
 @constexpr(check=False)
 def refuse_non_gradients(grads, argument, allow_empty=False):
     """TypeError, at trace time inside a graph, unless ``grads`` (given to a front-end where the gradients go) is
-    a tuple or list. One Tensor is Paddle's habit ``minimize(optimizer, scaled_loss)``; an optimizer is
-    PyTorch's ``unscale_(optimizer)``/``step(optimizer, ...)``: both frameworks find the gradients on the
-    optimizer, while MindSpore's are values. An empty one is a ValueError unless ``allow_empty`` (there is
-    nothing to check, and the optimizer needs a gradient per parameter).
+    a tuple or list of gradients: :func:`refuse_non_sequence`, then :func:`refuse_non_tensor_entries`.
 
     Example:
         >>> refuse_non_gradients((Tensor(np.float32(1.0)),), "grads")
+        True
+    """
+    refuse_non_sequence(grads, argument, allow_empty)
+    return refuse_non_tensor_entries(grads, argument)
+
+
+def refuse_non_sequence(grads, argument, allow_empty=False):
+    """TypeError, at trace time inside a graph, unless ``grads`` is a tuple or list. One Tensor is Paddle's habit
+    ``minimize(optimizer, scaled_loss)``; an optimizer is PyTorch's ``unscale_(optimizer)``/``step(optimizer,
+    ...)``: both frameworks find the gradients on the optimizer, while MindSpore's are values. An empty one is a
+    ValueError unless ``allow_empty`` (there is nothing to check, and the optimizer needs a gradient per
+    parameter).
+
+    Example:
+        >>> refuse_non_sequence([], "grads", allow_empty=True)
         True
     """
     if isinstance(grads, Tensor):
@@ -396,22 +408,28 @@ def refuse_non_gradients(grads, argument, allow_empty=False):
     if not grads and not allow_empty:
         raise ValueError(f"'{argument}' holds no gradients: give one per parameter of the optimizer (what "
                          f"mindspore.value_and_grad returns for optimizer.parameters).")
-    return refuse_host_values(grads, argument)
+    return True
 
 
-def refuse_host_values(grads, argument):
-    """TypeError, at trace time inside a graph, if an entry of ``grads`` is a number or a NumPy value (MindSpore's
-    own error says only "For 'MultitypeFuncGraph', the input can not be numpy.ndarray"). Other entries (Tensors,
-    ``None``, Keras' pairs) are left to the caller.
+def refuse_non_tensor_entries(grads, argument):
+    """TypeError, at trace time inside a graph, for an entry of ``grads`` that cannot be a gradient: a number or a
+    NumPy value (MindSpore's own error says only "For 'MultitypeFuncGraph', the input can not be
+    numpy.ndarray"), or a tuple/list: gradients nested one level too deep, as ``mindspore.value_and_grad`` with
+    ``grad_position`` and ``weights`` returns them (MindSpore's error names a ``NotEqual`` call). Tensors and
+    ``None`` are left to the caller.
 
     Example:
-        >>> refuse_host_values((Tensor(np.float32(1.0)), None), "grads")
+        >>> refuse_non_tensor_entries((Tensor(np.float32(1.0)), None), "grads")
         True
     """
     for index, grad in enumerate(grads):
         if isinstance(grad, (bool, int, float, np.ndarray, np.generic)):
             raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got {type(grad).__name__}: "
                             f"gradients are MindSpore Tensors (convert NumPy values with mindspore.Tensor).")
+        if isinstance(grad, (tuple, list)):
+            raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got a {type(grad).__name__}: give "
+                            f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "
+                            f"and weights returns (inputs' gradients, weights' gradients): pass the second).")
     return True
 
 

@@ -1122,25 +1122,34 @@ def test_no_gradients_at_all_are_refused(compiled, call):
     after warning that the loss was not scaled), nothing recorded or applied; get_unscaled_gradients(()) returns
     () as Keras' returns []."""
     calls = _refused_before_anything_happens(call, (), compiled, ValueError, "'{argument}' holds no gradients")
-    assert calls["get_unscaled_gradients"][0](()) == ()
+    get_unscaled_gradients = calls["get_unscaled_gradients"][0]
+
+    def run(x):
+        return x, get_unscaled_gradients(())
+
+    assert (ms.jit(run) if compiled else run)(Tensor(np.float32(1.0)))[1] == ()
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("entry, shown", [(np.ones(1, np.float32), "ndarray"),
+                                          ((Tensor(np.ones(1, np.float32)),), "a tuple: give the weights' gradients")],
+                         ids=["numpy", "nested"])
 @pytest.mark.parametrize("call, pairs", [(call, False) for call in ("unscale_", "step", "minimize", "apply_gradients",
                                                                      "get_unscaled_gradients", "call")]
                          + [("apply_gradients", True), ("call", True)])  # Keras' (gradient, variable) pairs
-def test_numpy_gradients_are_refused_naming_the_entry(compiled, call, pairs):
-    """A NumPy array among the gradients (the bias's here): a TypeError naming the argument and the entry (was
-    MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray", with the LossScaleOptimizer's
-    usage warning and an analyzer dump first), before anything is recorded or applied."""
-    grads = (Tensor(np.ones((1, 1), np.float32)), np.ones(1, np.float32))
+def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, entry, shown, call, pairs):
+    """A NumPy array, or gradients nested one level too deep (the bias's entry here; mindspore.value_and_grad with
+    grad_position and weights returns (inputs' gradients, weights' gradients)): a TypeError naming the argument
+    and the entry (was MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray", with the
+    LossScaleOptimizer's usage warning and an analyzer dump first, or "Failed calling NotEqual"), before
+    anything is recorded or applied."""
+    grads = (Tensor(np.ones((1, 1), np.float32)), entry)
 
     def pairs_of(parameters):
         return tuple(zip(grads, parameters))
 
-    argument = "grads_and_vars" if pairs else "{argument}"
     _refused_before_anything_happens(call, pairs_of if pairs else grads, compiled, TypeError,
-                                     f"'{argument}\\[1\\]' must be a gradient Tensor, but got ndarray")
+                                     "'{argument}\\[1\\]' must be a gradient Tensor, but got " + shown)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
