@@ -319,7 +319,7 @@ class LossScaleOptimizer(nn.Cell):
     def get_unscaled_gradients(self, grads):
         """Every gradient divided by the loss scale (in float32); None entries are passed through."""
         # allow_empty positional: a constexpr called with a keyword inside mindspore.jit receives {name: value} as its
-        # next positional argument instead (MindSpore 2.10, measured).
+        # next positional argument instead (MindSpore 2.7.1 and 2.10, measured).
         refuse_non_gradients(grads, "grads", True)  # Keras returns [] for []
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
