@@ -626,6 +626,41 @@ def test_recompiling_and_other_compiled_functions_never_raise():
     assert scaler.state_dict()["_growth_tracker"] == 6 and scaler.get_scale() == 1024.0
 
 
+@pytest.mark.parametrize("compiled_halves", [(True, False), (False, True), (True, True)],
+                         ids=["unscale_compiled", "step_compiled", "both_compiled"])
+def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eagerly(compiled_halves):
+    """``unscale_`` in one function, clipping in Python, ``step``+``update`` in another, each compiled or not: the
+    iteration's state (what was unscaled, what overflowed) is in Parameters, so the halves agree wherever they
+    run. Same skips, scales and weights as the all-eager run, with an inf and a nan batch."""
+    def train(halves):
+        scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=2)
+        net = regression_net()
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+        grad_fn = _grad_fn(scaler, net, opt)
+
+        def unscaled_gradients(x, y):
+            return scaler.unscale_(grad_fn(x, y)[1])
+
+        def apply(grads):
+            skipped = scaler.step(opt, grads)
+            scaler.update()
+            return skipped
+
+        first, second = (ms.jit(f) if c else f for f, c in zip((unscaled_gradients, apply), halves))
+        trajectory = []
+        for index, (x, y) in enumerate(regression_batches(6)):
+            x = x.copy()
+            x[0, 0] = {2: np.inf, 4: np.nan}.get(index, x[0, 0])
+            grads = tuple(ops.clip_by_value(g, -0.5, 0.5) for g in first(Tensor(x), Tensor(y)))
+            trajectory.append((bool(second(ms.mutable(grads))), scaler.get_scale()))
+        return trajectory, training_state(net)
+
+    (eager, eager_state), (split, split_state) = train((False, False)), train(compiled_halves)
+    assert [skipped for skipped, _ in eager] == [False, False, True, False, True, False]
+    assert split == eager
+    assert all(np.array_equal(eager_state[k], v) for k, v in split_state.items())
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("clamp", ["clip_by_value", "nan_to_num"])
 def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compiled, clamp):
