@@ -267,7 +267,8 @@ class OptimizerStates(nn.Cell):
                                "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
                                "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
                                "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
-                               "only changes that do not raise the norm are accepted.")
+                               "only changes that do not raise the norm are accepted: to add to the gradients on "
+                               "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay.")
         if code == AMBIGUOUS:
             raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
                                "this iteration, so they may be unscaled already: pass the same key to unscale_() "

@@ -90,6 +90,26 @@ def _check_loss(loss):
                         f"{type(loss).__name__} {loss!r}: scale the loss tensor itself.")
 
 
+def _overflow_tensor(overflow):
+    """``overflow`` for :meth:`LossScaler.adjust` as a bool Tensor: a Python or NumPy bool is converted; anything but a
+    bool Tensor is a TypeError while tracing (MindSpore's own error names a ``Select`` kernel)."""
+    if isinstance(overflow, (bool, np.bool_)):
+        return Tensor(bool(overflow), mstype.bool_)
+    if not isinstance(overflow, Tensor):
+        raise TypeError("'overflow' must be a bool Tensor (True: back off), such as core.is_overflow(flag), or a bool.")
+    _refuse_overflow_dtype(ops.dtype(overflow))
+    return overflow
+
+
+@constexpr
+def _refuse_overflow_dtype(dtype):
+    if dtype != mstype.bool_:
+        raise TypeError(f"'overflow' must be a bool Tensor (True: back off), but got a {dtype} Tensor: pass "
+                        f"core.is_overflow(flag), which turns the check's float flag into the decision (summed over "
+                        f"the ranks first in parallel modes).")
+    return True
+
+
 _loss_term = ops.MultitypeFuncGraph("_loss_term")
 
 
@@ -288,6 +308,7 @@ class LossScaler(nn.Cell):
 
         The opposite polarity of ``mindspore.amp.DynamicLossScaler.adjust(grads_finite)``: its migration is
         ``GradScaler.update()`` (docs/migration.md)."""
+        overflow = _overflow_tensor(overflow)
         if self.update_cell is None:
             return overflow
         return self.update_cell(self.scale_value, overflow)

@@ -6,6 +6,7 @@ crossed with every argument of that kind: types (None, str, bool, list), nan, +-
 float32-huge, fractional counts, out-of-range counts. ``load_state_dict`` inputs are swept the same way.
 Nothing that would train wrongly later is accepted.
 """
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
@@ -177,6 +178,27 @@ def test_loss_scaler(name, value):
     assert any(word in message for word in expected), message
     if shown and name == "rule" and isinstance(value, float):
         assert f"{value!r}" in message or str(value) in message
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("overflow", [Tensor(np.float32(1.0)), Tensor(np.int32(1)), Tensor(np.array([True, False])) * 1.0,
+                                      None, "yes", 1], ids=repr)
+def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
+    """adjust(overflow) wants the decision (a bool Tensor: core.is_overflow(flag)) or a bool; a float flag given
+    straight (which would skip the ranks' agreement) was MindSpore's "Select CPU operator ... Unsupported data
+    type", a Python value its "Failed calling Select". Nothing changes on a refusal."""
+    core = LossScaler(get_preset("pytorch", init_scale=8.0, growth_interval=1))
+
+    def adjust(x):
+        return x, core.adjust(overflow)
+
+    with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
+        (ms.jit(adjust) if compiled else adjust)(Tensor(np.float32(1.0)))
+    assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
+    core.adjust(True)
+    core.adjust(Tensor(False))
+    core.adjust(np.bool_(False))
+    assert core.get_scale() == 16.0  # backed off to 4, then grew after each clean step
 
 
 OPTIMIZER_STATES = {"name": ["", "a b", 3, None], "capacity": BAD_COUNTS}
