@@ -101,6 +101,11 @@ class DynamicLossScaleManager(LossScaleManager):
         self.scale_window = scale_window
         self._state = initial_state(self.policy)
         self._update_cell = None
+        # MindSpore's host bookkeeping of update_loss_scale(), with its names and starting values.
+        self.cur_iter = 1
+        self.last_overflow_iter = 0
+        self.bad_step = 0
+        self.bad_step_max = 1000
 
     @classmethod
     def from_policy(cls, policy):
@@ -134,18 +139,49 @@ class DynamicLossScaleManager(LossScaleManager):
         """Alias of :meth:`get_loss_scale` (MindSpore exposes ``loss_scale`` as an attribute)."""
         return self.get_loss_scale()
 
+    @property
+    def increase_ratio(self):
+        """MindSpore's name for the growth factor."""
+        return self.policy.growth_factor
+
+    @property
+    def decrease_ratio(self):
+        """MindSpore's name for the backoff factor (``1 / scale_factor`` unless ``backoff_factor`` is given)."""
+        return self.policy.backoff_factor
+
     def update_loss_scale(self, overflow):
-        """Advance the policy one step on the host.
+        """Advance the policy one step on the host, and MindSpore's bookkeeping with it.
 
         When an update cell made by this manager is in use, the device has already
         applied the step; this call then only refreshes the host mirror (so
-        ``mindspore.train.Model``, which calls it after every step, does not apply
-        the policy twice).
+        ``mindspore.train.Model``, which calls it after every step outside sink mode,
+        does not apply the policy twice).
+
+        As MindSpore's manager: ``cur_iter`` counts the calls (from 1), ``last_overflow_iter`` is
+        the last overflowing one and ``bad_step`` the overflows in a row; once ``bad_step``
+        exceeds ``bad_step_max`` (1000) this raises ``RuntimeError`` ("Dynamic loss scale Continuous
+        overflow ..."), so a ``Model`` run that overflows at every step stops as MindSpore's does.
         """
+        overflow = bool(np.all(overflow))
         if self._device_cell() is not None:
             self.get_state()
-            return
-        self._state = update(self.policy, self._state, bool(np.all(overflow)))
+        else:
+            self._state = update(self.policy, self._state, overflow)
+        self._count(overflow)
+
+    def _count(self, overflow):
+        """MindSpore's ``update_loss_scale`` counters, and its stop after too many overflows in a row."""
+        if overflow:
+            self.last_overflow_iter = self.cur_iter
+            self.bad_step += 1
+        else:
+            self.bad_step = 0
+        if self.bad_step > self.bad_step_max:
+            raise RuntimeError(f"Dynamic loss scale Continuous overflow {self.bad_step} times, has exceeded maximum "
+                               f"threshold (bad_step_max={self.bad_step_max}, as in MindSpore's manager); the loss "
+                               f"scale is {self.get_loss_scale()!r}. Look for inf/nan in the data or the loss, or "
+                               f"use the train cell's overflow_policy and max_consecutive_overflows.")
+        self.cur_iter += 1
 
     def get_drop_overflow_update(self):
         """Always True: dynamic scaling skips overflowing steps."""

@@ -94,6 +94,26 @@ def test_model_accepts_mindspore_own_manager_on_cpu():
     assert manager.get_loss_scale() == recorder.rows[-1][1]
 
 
+def test_model_stops_after_too_many_overflows_in_a_row_as_mindspores_does():
+    """MindSpore's Model calls manager.update_loss_scale after every step (outside sink mode), and its manager
+    raises once more than bad_step_max steps in a row overflowed: a run that overflows for good stops. Ours does
+    the same (here bad_step_max=3, for speed): the fourth overflowing step in a row raises, skipped like the others."""
+    x, _, y = _classification_data_with_inf()
+    x = x.copy()
+    x[8:48, 0] = np.nan  # batches 2 to 6 of 8 overflow
+    net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+    manager.bad_step_max = 3
+    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
+    recorder = StepRecorder()
+    with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow 4 times"):
+        model.train(1, _dataset(x, y), callbacks=[recorder], dataset_sink_mode=False)
+    assert [overflow for overflow, _ in recorder.rows] == [False, True, True, True]  # the fifth raised before
+    assert (manager.cur_iter, manager.last_overflow_iter, manager.bad_step) == (5, 5, 4)
+    assert model.train_network.overflow_counters()["skipped_steps"] == 4
+    assert manager.get_loss_scale() == 2.0**10 / 2**4
+
+
 def test_model_skipped_batches_match_a_model_that_never_saw_them():
     x, x_bad, y = _classification_data_with_inf()
     keep = np.ones(64, bool)

@@ -64,13 +64,48 @@ def test_host_update_follows_the_policy():
     assert got == expected
 
 
+MINDSPORE_BOOKKEEPING = ("cur_iter", "last_overflow_iter", "bad_step", "bad_step_max", "increase_ratio",
+                         "decrease_ratio", "scale_factor", "scale_window")
+
+
+def _bookkeeping(manager):
+    return {name: getattr(manager, name) for name in MINDSPORE_BOOKKEEPING}
+
+
 def test_host_update_matches_mindspore_manager_with_defaults():
+    """Scale and MindSpore's public counters, step by step, over a random sequence with overflow runs."""
     ours, theirs = DynamicLossScaleManager(2**10, 2, 4), ms.amp.DynamicLossScaleManager(2**10, 2, 4)
-    flags = [bool(x) for x in np.random.RandomState(3).rand(300) < 0.2]
+    assert _bookkeeping(ours) == _bookkeeping(theirs)
+    flags = [bool(x) for x in np.random.RandomState(3).rand(300) < 0.2] + [True] * 12 + [False] * 9
     for flag in flags:
+        ours.update_loss_scale(np.array([flag]))  # what Model passes: the overflow output read on the host
+        theirs.update_loss_scale(np.array([flag]))
+        assert ours.get_loss_scale() == theirs.get_loss_scale()
+        assert _bookkeeping(ours) == _bookkeeping(theirs)
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device_cell"])
+def test_too_many_overflows_in_a_row_stop_like_mindspores_manager(on_device):
+    """MindSpore's manager raises RuntimeError once more than bad_step_max (1000) updates in a row overflowed;
+    Model calls update_loss_scale after every step, so a run that overflows for good stops there. A clean step
+    resets the count."""
+    ours, theirs = DynamicLossScaleManager(2**10, 2, 4), ms.amp.DynamicLossScaleManager(2**10, 2, 4)
+    assert ours.bad_step_max == theirs.bad_step_max == 1000
+    ours.bad_step_max = theirs.bad_step_max = 3
+    driver = UpdateCellDriver(ours.get_update_cell()) if on_device else None
+    for flag in [True, True, True, False, True, True, True]:
+        if driver is not None:
+            driver.run([flag])
         ours.update_loss_scale(flag)
         theirs.update_loss_scale(flag)
-        assert ours.get_loss_scale() == theirs.get_loss_scale()
+    with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow 4 times") as raised:
+        if driver is not None:
+            driver.run([True])
+        ours.update_loss_scale(True)
+    with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow ") as theirs_raised:
+        theirs.update_loss_scale(True)
+    assert theirs_raised.value.args[1] == 4 and "bad_step_max=3" in str(raised.value)
+    assert _bookkeeping(ours) == _bookkeeping(theirs)
 
 
 def test_update_cells_are_ours_with_the_manager_policy():
