@@ -26,7 +26,7 @@ statistics, updated by the forward pass, are written back (:mod:`lossscale.runni
 MindSpore and PyTorch keep them, inf/nan after a forward overflow). With accumulation they are
 written back per micro-batch whose own loss or gradients overflowed.
 """
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
@@ -41,6 +41,22 @@ from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.running_statistics import RunningStatistics
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+
+
+def _add_mindspore_helpers(cell):
+    """The primitives and flags MindSpore's own cell defines, which subclasses copied from model zoos use in their
+    ``construct`` or ``get_overflow_status`` (``self.less_equal(self.base, self.reduce_sum(status, (0,)))``, with
+    ``self.allreduce`` when ``self.is_distributed``). Our own methods do not use them."""
+    cell.base = Tensor(1, mstype.float32)
+    cell.base0 = Tensor(0, mstype.int32)
+    cell.reduce_sum = ops.ReduceSum(keep_dims=False)
+    cell.reduce_all = ops.ReduceAll(keep_dims=False)
+    cell.less_equal = ops.LessEqual()
+    cell.equal = ops.Equal()
+    cell.logic_not = ops.LogicalNot()
+    cell.allreduce = ops.AllReduce()
+    cell.is_distributed = cell.loss_scaler.is_distributed
+    cell.gpu_target = get_context("device_target") == "GPU"
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
@@ -160,6 +176,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
+        _add_mindspore_helpers(self)
         self._zero = Tensor(0.0, mstype.float32)
         self._one = Tensor(1.0, mstype.float32)
         self._false = Tensor(False, mstype.bool_)

@@ -436,19 +436,42 @@ class MindSporeBody(TrainOneStepWithLossScaleCell):
         return loss, cond, scaling_sens
 
 
+_nonfinite_count = ops.MultitypeFuncGraph("_nonfinite_count")
+
+
+@_nonfinite_count.register("Tensor")
+def _tensor_nonfinite_count(grad):
+    return ops.logical_not(ops.isfinite(grad)).astype(mstype.float32).sum()
+
+
+class ModelZooStatus(MindSporeBody):
+    """MindSpore 1.x model-zoo cells (BERT, GPT, ...) also copy the overflow check: a status register read, then
+    reduced with the base class's primitives and flags. Here the register is a CPU stand-in (counts of non-finite
+    values), the reduction is theirs."""
+
+    def get_overflow_status(self, status, compute_output):
+        flag_sum = self.reduce_sum(ops.stack(self.hyper_map(_nonfinite_count, compute_output)), (0,))
+        if self.is_distributed:
+            flag_sum = self.allreduce(flag_sum)
+        return self.less_equal(self.base, flag_sum)
+
+
 def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
     """MindSpore's construct body, written against our cell, runs on CPU with our check and update cell: the
-    same decisions, scales and (float32) weights as our own construct. It gets what its body calls: no counters."""
+    same decisions, scales and (float32) weights as our own construct. It gets what its body calls: no counters.
+    A model-zoo overflow check written with MindSpore's cell's primitives (self.reduce_sum, self.less_equal,
+    self.base, self.is_distributed, self.allreduce) decides the same (was AttributeError: our cell lacked them)."""
     policy = dict(init_loss_scale=2**10, scale_factor=2, scale_window=2)
     runs = []
-    for cls in (TrainOneStepWithLossScaleCell, MindSporeBody):
+    for cls in (TrainOneStepWithLossScaleCell, MindSporeBody, ModelZooStatus):
         net = regression_net()
         step = cls(net, nn.SGD(net.trainable_params(), 0.05), DynamicLossScaleManager(**policy).get_update_cell())
         runs.append((step, train_calls(step, regression_batches(7), inject={1, 4, 5})))
-    (ours, ours_run), (theirs, theirs_run) = runs
-    assert theirs_run[1:] == ours_run[1:] == ([False, True, False, False, True, True, False],
-                                              [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
-    assert all(np.array_equal(v, training_state(theirs)[k]) for k, v in training_state(ours).items())
+    (ours, ours_run), (theirs, theirs_run), (zoo, zoo_run) = runs
+    assert zoo_run[1:] == theirs_run[1:] == ours_run[1:] == ([False, True, False, False, True, True, False],
+                                                             [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
+    for other in (theirs, zoo):
+        assert all(np.array_equal(v, training_state(other)[k]) for k, v in training_state(ours).items())
     assert theirs.overflow_counters()["steps"] == 0 and ours.overflow_counters()["skipped_steps"] == 3
 
 
