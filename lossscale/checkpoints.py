@@ -15,6 +15,8 @@ Example:
 """
 import dataclasses
 
+import numpy as np
+
 from mindspore import Parameter, Tensor
 from mindspore import load_param_into_net
 
@@ -25,6 +27,8 @@ from lossscale.scaler import positive_scale
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 ACCUMULATOR_PREFIX = "loss_scale_accumulator."
+# The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
+MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
 
 
 def is_loss_scale_state(name):
@@ -81,9 +85,10 @@ def restore_loss_scale(cell, param_dict):
 
     For checkpoints loaded the usual MindSpore way, into the bare network (``load_param_into_net(net,
     ckpt)`` before the train cell exists), which ignores the loss-scale state and would restart the
-    scale at its initial value. ``param_dict`` is what ``mindspore.load_checkpoint`` returns. Validated
-    (:func:`check_cell_state`): on error nothing changes. Raises ``ValueError`` if the checkpoint holds
-    no loss-scale state.
+    scale at its initial value. ``param_dict`` is what ``mindspore.load_checkpoint`` returns; a checkpoint
+    of MindSpore's own train cell works too (its update cell's step counters become our clean-step count).
+    Validated (:func:`check_cell_state`): on error nothing changes. Raises ``ValueError`` if the checkpoint
+    holds no loss-scale state.
 
     Example:
         >>> import numpy as np
@@ -104,6 +109,7 @@ def restore_loss_scale(cell, param_dict):
     """
     own = {parameter.name: parameter for parameter in cell.get_parameters() if is_loss_scale_state(parameter.name)}
     wanted = {name: value for name, value in param_dict.items() if name in own}
+    wanted.update(_from_mindspore_counters(cell, param_dict))
     if not wanted:
         raise ValueError(f"the checkpoint holds none of this train cell's loss-scale state ({', '.join(sorted(own))}): "
                          f"it was saved from the bare network or by a cell without loss scaling.")
@@ -117,6 +123,20 @@ def restore_loss_scale(cell, param_dict):
         raise
     cell.state_checked()
     return sorted(wanted)
+
+
+def _from_mindspore_counters(cell, param_dict):
+    """Our update cell's clean-step count from a checkpoint of MindSpore's own dynamic update cell, which holds
+    ``current_iterator_step`` (the steps, from 1) and ``last_overflow_iterator_step`` (the step of the last
+    backoff or growth) instead: ``{"loss_scale_good_steps": current - last - 1}`` when the checkpoint has those
+    and not ours and ``cell`` has our dynamic update cell, else ``{}``. Checked like any loaded state."""
+    update_cell = cell.loss_scaling_manager
+    good_steps = getattr(update_cell, "good_steps", None)
+    if (not isinstance(update_cell, DynamicLossScaleUpdateCell) or good_steps.name in param_dict
+            or not all(name in param_dict for name in MINDSPORE_COUNTERS)):
+        return {}
+    current, last = (int(np.asarray(param_dict[name].asnumpy()).reshape(-1)[0]) for name in MINDSPORE_COUNTERS)
+    return {good_steps.name: Tensor(np.full(good_steps.shape, current - last - 1, np.int32))}
 
 
 def checkpoint_choice(cell):

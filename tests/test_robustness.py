@@ -181,6 +181,43 @@ def test_a_checkpoint_loaded_into_the_bare_network_restores_the_scale_with_resto
                                              and k != "scale_sense"})
 
 
+class _MindSporeLossScaleState(nn.Cell):
+    """What a checkpoint of MindSpore's own train cell holds of the loss scale: its ``scale_sense`` and its dynamic
+    update cell's counters (its train cell cannot run on CPU; its update cell can)."""
+
+    def __init__(self, init_scale, window):
+        super().__init__(auto_prefix=False)
+        self.scale_sense = Parameter(Tensor(np.float32(init_scale)), name="scale_sense")
+        self.update_cell = nn.DynamicLossScaleUpdateCell(init_scale, 2, window)
+
+    def construct(self, overflow):
+        return self.update_cell(self.scale_sense, overflow)
+
+
+def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_path):
+    """MindSpore's update cell counts steps (current_iterator_step, last_overflow_iterator_step), ours the clean
+    steps in a row: restore_loss_scale translates them, so a run moved from MindSpore's cell to ours continues as
+    ours would have (the two rules agree below the ceiling). Without the translation the clean steps were lost
+    and growth came a window late."""
+    uninterrupted = _dynamic_cell()
+    flags, scales = _run(uninterrupted, BATCHES, inject={1, 4})
+    theirs = _MindSporeLossScaleState(2.0**12, 2)
+    for flag in flags[:6]:  # a clean step ends the saved part: the count is 1 of a window of 2
+        theirs(Tensor(flag))
+    saved = _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt")
+    assert float(saved["scale_sense"].asnumpy()) == scales[5]
+    resumed = _dynamic_cell()
+    assert restore_loss_scale(resumed, saved) == ["loss_scale_good_steps", "scale_sense"]
+    assert _run(resumed, BATCHES[6:]) == (flags[6:], scales[6:]) and scales[6] == 2 * scales[5]
+    longer_window = _MindSporeLossScaleState(2.0**12, 8)  # 3 clean steps: more than a window of 2 allows
+    for _ in range(3):
+        longer_window(Tensor(False))
+    target = _dynamic_cell()
+    with pytest.raises(ValueError, match="loss_scale_good_steps"):
+        restore_loss_scale(target, _checkpoint(longer_window, tmp_path / "window8.ckpt"))
+    assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
+
+
 def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
     source = _dynamic_cell(hysteresis=2)
     saved = _checkpoint(source, tmp_path / "h2.ckpt")
