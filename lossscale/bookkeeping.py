@@ -30,9 +30,11 @@ LOGGER = logging.getLogger("lossscale")
 
 
 class PersistentOverflowError(RuntimeError):
-    """Raised by ``overflow_policy="raise"`` when overflows persist (see the train cell).
+    """Raised by ``overflow_policy="raise"`` when overflows persist (see the train cell), and by
+    :meth:`lossscale.DynamicLossScaleManager.update_loss_scale` after more than ``bad_step_max`` overflows in a
+    row (MindSpore's manager raises a ``RuntimeError`` there).
 
-    The message gives the step, the reason (consecutive count or minimum scale), the
+    The train cell's message gives the step, the reason (consecutive count or minimum scale), the
     scale, the skipped-step count and what to try.
 
     Example:

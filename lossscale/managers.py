@@ -12,6 +12,7 @@ import numpy as np
 from mindspore.amp import LossScaleManager
 
 from lossscale._validation import check_bool, check_finite_in_range
+from lossscale.bookkeeping import PersistentOverflowError
 from lossscale.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
@@ -159,8 +160,9 @@ class DynamicLossScaleManager(LossScaleManager):
 
         As MindSpore's manager: ``cur_iter`` counts the calls (from 1), ``last_overflow_iter`` is
         the last overflowing one and ``bad_step`` the overflows in a row; once ``bad_step``
-        exceeds ``bad_step_max`` (1000) this raises ``RuntimeError`` ("Dynamic loss scale Continuous
-        overflow ..."), so a ``Model`` run that overflows at every step stops as MindSpore's does.
+        exceeds ``bad_step_max`` (1000) this raises a ``RuntimeError`` ("Dynamic loss scale Continuous
+        overflow ...", a :class:`lossscale.PersistentOverflowError`), so a ``Model`` run that overflows at
+        every step stops as MindSpore's does.
         """
         overflow = bool(np.all(overflow))
         if self._device_cell() is not None:
@@ -176,11 +178,12 @@ class DynamicLossScaleManager(LossScaleManager):
             self.bad_step += 1
         else:
             self.bad_step = 0
-        if self.bad_step > self.bad_step_max:
-            raise RuntimeError(f"Dynamic loss scale Continuous overflow {self.bad_step} times, has exceeded maximum "
-                               f"threshold (bad_step_max={self.bad_step_max}, as in MindSpore's manager); the loss "
-                               f"scale is {self.get_loss_scale()!r}. Look for inf/nan in the data or the loss, or "
-                               f"use the train cell's overflow_policy and max_consecutive_overflows.")
+        if self.bad_step > self.bad_step_max:  # a RuntimeError, as MindSpore's, that our own callers recognise
+            raise PersistentOverflowError(
+                f"Dynamic loss scale Continuous overflow {self.bad_step} times, has exceeded maximum threshold "
+                f"(bad_step_max={self.bad_step_max}, as in MindSpore's manager); the loss scale is "
+                f"{self.get_loss_scale()!r}. Look for inf/nan in the data or the loss, or use the train cell's "
+                f"overflow_policy and max_consecutive_overflows.")
         self.cur_iter += 1
 
     def get_drop_overflow_update(self):

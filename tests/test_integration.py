@@ -14,6 +14,7 @@ from lossscale import (
     GradScaler,
     LossScaleOptimizer,
     Model,
+    PersistentOverflowError,
     TrainOneStepWithLossScaleCell,
     build_train_network,
     get_preset,
@@ -106,8 +107,9 @@ def test_model_stops_after_too_many_overflows_in_a_row_as_mindspores_does():
     manager.bad_step_max = 3
     model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
     recorder = StepRecorder()
-    with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow 4 times"):
+    with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow 4 times") as raised:
         model.train(1, _dataset(x, y), callbacks=[recorder], dataset_sink_mode=False)
+    assert isinstance(raised.value, PersistentOverflowError)  # what the command line reports as a stalled run
     assert [overflow for overflow, _ in recorder.rows] == [False, True, True, True]  # the fifth raised before
     assert (manager.cur_iter, manager.last_overflow_iter, manager.bad_step) == (5, 5, 4)
     assert model.train_network.overflow_counters()["skipped_steps"] == 4
