@@ -98,9 +98,9 @@ def test_too_many_overflows_in_a_row_stop_like_mindspores_manager(on_device):
             driver.run([flag])
         ours.update_loss_scale(flag)
         theirs.update_loss_scale(flag)
+    if driver is not None:
+        driver.run([True])
     with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow 4 times") as raised:
-        if driver is not None:
-            driver.run([True])
         ours.update_loss_scale(True)
     with pytest.raises(RuntimeError, match="Dynamic loss scale Continuous overflow ") as theirs_raised:
         theirs.update_loss_scale(True)

@@ -67,9 +67,9 @@ def test_a_training_stopped_by_persistent_overflow_keeps_its_records(tmp_path, c
     x[8:24, 1] = np.nan  # batches 2 and 3 (of 8 rows) overflow: two in a row
     data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
     net = nn.Dense(4, 2)
-    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1),
-                  loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8), overflow_policy="raise",
-                  max_consecutive_overflows=2)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8),
+                  overflow_policy="raise", max_consecutive_overflows=2)
     path = tmp_path / "steps.csv"
     monitor = LossScaleMonitor(csv_path=str(path))
     with pytest.raises(PersistentOverflowError):
