@@ -135,6 +135,18 @@ def _check_variables(argument, variables, parameters):
     return True
 
 
+def _refuse_non_pairs(items, argument):
+    """TypeError unless every entry of ``items`` is a ``(gradient, variable)`` pair (was an IndexError for gradients
+    nested as ``mindspore.value_and_grad`` with ``grad_position`` and ``weights`` returns them)."""
+    for index, pair in enumerate(items):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"'{argument}' holds (gradient, variable) pairs (its first entry is a tuple or list), but "
+                            f"entry {index} is not a pair of two. Gradients nested as mindspore.value_and_grad with "
+                            f"grad_position and weights returns them, (inputs' gradients, weights' gradients): pass "
+                            f"the second.")
+    return True
+
+
 def _gradients_of(grads_and_vars, parameters, argument):
     """Gradients from ``argument``, a tuple/list of gradients or of ``(gradient, variable)`` pairs (Keras' form),
     whose variables must be ``parameters`` in order (see :func:`_check_variables`)."""
@@ -143,6 +155,7 @@ def _gradients_of(grads_and_vars, parameters, argument):
     refuse_non_sequence(grads_and_vars, argument)
     items = tuple(grads_and_vars)
     if items and isinstance(items[0], (tuple, list)):
+        _refuse_non_pairs(items, argument)
         _check_variables(argument, tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
     refuse_non_tensor_entries(items, argument)

@@ -1188,6 +1188,18 @@ def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, e
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "call"])
+def test_gradients_of_inputs_and_weights_together_are_refused(compiled, call):
+    """What mindspore.value_and_grad with grad_position=0 and weights returns, (inputs' gradients, weights'
+    gradients), passed whole: a TypeError saying to pass the second (the LossScaleOptimizer, which takes Keras'
+    pairs, read it as pairs and failed with an IndexError), before anything is applied or recorded."""
+    def nested(parameters):
+        return (Tensor(np.ones((2, 1), np.float32)),), tuple(Tensor(np.ones(p.shape, np.float32)) for p in parameters)
+
+    _refused_before_anything_happens(call, nested, compiled, TypeError, "pass the second")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["step", "minimize"])
 @pytest.mark.parametrize("weight_decay", [0.01, 0.0], ids=["decay", "no_decay"])
 def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call, weight_decay):
