@@ -2,7 +2,8 @@
 was loaded into the bare network, and its empty accumulators left out.
 
 A train cell's loss-scale state is every Parameter named ``scale_sense`` or ``loss_scale_*`` (the
-update cell's counters, the overflow counters, the accumulation window and its accumulators).
+update cell's counters, the overflow counters, the accumulation window and its accumulators), and the
+counters of MindSpore's own update cell when the train cell uses one.
 ``mindspore.load_param_into_net`` writes whatever a checkpoint holds, so a checkpoint from another
 configuration, or written by MindSpore's own cell after its scale grew to inf, can leave a state
 this cell cannot train with. :func:`check_cell_state` refuses such a state with a ``ValueError``
@@ -32,8 +33,9 @@ MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
 
 
 def is_loss_scale_state(name):
-    """Whether a Parameter name belongs to a train cell's loss-scale state."""
-    return name == "scale_sense" or name.startswith("loss_scale_")
+    """Whether a Parameter name belongs to a train cell's loss-scale state (with MindSpore's own update cell
+    inside it: that cell's counters too)."""
+    return name == "scale_sense" or name.startswith("loss_scale_") or name in MINDSPORE_COUNTERS
 
 
 def _count(parameter):

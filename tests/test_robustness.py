@@ -218,6 +218,27 @@ def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_pa
     assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
 
 
+def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_cell(tmp_path):
+    """Our train cell also runs MindSpore's own update cell; restore_loss_scale restored only scale_sense of it and
+    left its step counters behind, so growth came late after a resume."""
+    def cell(net=None):
+        net = net or regression_net()
+        return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
+                                             nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2))
+
+    uninterrupted = cell()
+    flags, scales = _run(uninterrupted, BATCHES[:6], inject={1, 4})
+    saved = _checkpoint(uninterrupted, tmp_path / "ms_update_cell.ckpt")
+    network = regression_net()
+    ms.load_param_into_net(network, saved)
+    resumed = cell(network)
+    ms.load_param_into_net(resumed.optimizer, saved)
+    assert {"current_iterator_step", "last_overflow_iterator_step", "scale_sense"} <= set(
+        restore_loss_scale(resumed, saved))
+    assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
+    _same_weights(resumed, uninterrupted)
+
+
 def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
     source = _dynamic_cell(hysteresis=2)
     saved = _checkpoint(source, tmp_path / "h2.ckpt")
