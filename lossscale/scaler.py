@@ -50,7 +50,7 @@ from mindspore.ops import constexpr
 from lossscale import overflow as _overflow
 from lossscale._naming import check_name
 from lossscale._parameters import read_scalar, write_parameter
-from lossscale._validation import check_bool, positive_float32
+from lossscale._validation import check_bool, check_int_in_range, positive_float32
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
@@ -88,6 +88,19 @@ def _check_loss(loss):
     if not isinstance(loss, Tensor):
         raise TypeError(f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
                         f"{type(loss).__name__} {loss!r}: scale the loss tensor itself.")
+
+
+def _mindspore_good_steps(cell):
+    """The clean steps in a row of MindSpore's own dynamic update cell, which keeps step numbers instead: the
+    current one (from 1) and the last backoff's or growth's (one host sync)."""
+    return int(cell.cur_iter.asnumpy().reshape(-1)[0]) - int(cell.last_overflow_iter.asnumpy().reshape(-1)[0]) - 1
+
+
+def _set_mindspore_good_steps(cell, good_steps):
+    """Give MindSpore's own dynamic update cell ``good_steps`` clean steps in a row (its rule reads only the
+    difference of its two step numbers)."""
+    write_parameter(cell.cur_iter, good_steps + 1)
+    write_parameter(cell.last_overflow_iter, 0)
 
 
 def _overflow_tensor(overflow):
@@ -371,9 +384,11 @@ class LossScaler(nn.Cell):
 
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (counters only for a
-        dynamic rule of ours; one host sync)."""
+        dynamic rule of ours; ``good_steps`` also for MindSpore's own dynamic update cell; one host sync)."""
         if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             return self.update_cell.state_dict()
+        if isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
+            return {"loss_scale": self.get_scale(), "good_steps": _mindspore_good_steps(self.update_cell)}
         return {"loss_scale": self.get_scale()}
 
     def load_state_dict(self, state):
@@ -382,6 +397,11 @@ class LossScaler(nn.Cell):
             self.update_cell.load_state_dict(state)
         elif isinstance(self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
             check_fixed_state(state, self.update_cell.get_loss_scale())
+        elif isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell) and "good_steps" in state:
+            good_steps = check_int_in_range("state_dict['good_steps']", state_dict_values(
+                state, ("good_steps",))["good_steps"], low=0, high=self.update_cell.scale_window - 1)
+            self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
+            _set_mindspore_good_steps(self.update_cell, good_steps)
         else:
             self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
 

@@ -218,14 +218,16 @@ def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_pa
     assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
 
 
+def _cell_with_mindspores_update_cell(net=None):
+    net = net or regression_net()
+    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
+                                         nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2))
+
+
 def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_cell(tmp_path):
     """Our train cell also runs MindSpore's own update cell; restore_loss_scale restored only scale_sense of it and
     left its step counters behind, so growth came late after a resume."""
-    def cell(net=None):
-        net = net or regression_net()
-        return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
-                                             nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2))
-
+    cell = _cell_with_mindspores_update_cell
     uninterrupted = cell()
     flags, scales = _run(uninterrupted, BATCHES[:6], inject={1, 4})
     saved = _checkpoint(uninterrupted, tmp_path / "ms_update_cell.ckpt")
@@ -237,6 +239,27 @@ def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_
         restore_loss_scale(resumed, saved))
     assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
     _same_weights(resumed, uninterrupted)
+
+
+def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps():
+    """With MindSpore's own update cell, state_dict() held the scale only: a resume from it lost the clean steps
+    counted so far (growth a window late). It now holds them as good_steps, in our format; a value beyond the
+    cell's window is refused and changes nothing; a scale-only state (0.1.0's) still loads."""
+    uninterrupted = _cell_with_mindspores_update_cell()
+    _run(uninterrupted, BATCHES[:6], inject={1, 4})
+    state = uninterrupted.state_dict()
+    assert state == {"loss_scale": 2.0**11, "good_steps": 1}
+    resumed = _cell_with_mindspores_update_cell()
+    ms.load_param_into_net(resumed, {name: Parameter(Tensor(value), name=name)  # weights and optimizer state
+                                     for name, value in training_state(uninterrupted).items()})
+    resumed.load_state_dict(state)
+    assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
+    target = _cell_with_mindspores_update_cell()
+    with pytest.raises(ValueError, match=r"'state_dict\['good_steps'\]' must be an int in \[0, 1\], but got 2"):
+        target.load_state_dict({"loss_scale": 512.0, "good_steps": 2})
+    assert target.state_dict() == {"loss_scale": 2.0**12, "good_steps": 0}
+    target.load_state_dict({"loss_scale": 512.0})
+    assert target.state_dict() == {"loss_scale": 512.0, "good_steps": 0}
 
 
 def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
