@@ -96,6 +96,15 @@ def _mindspore_good_steps(cell):
     return int(cell.cur_iter.asnumpy().reshape(-1)[0]) - int(cell.last_overflow_iter.asnumpy().reshape(-1)[0]) - 1
 
 
+def _mindspore_good_steps_of(state, window):
+    """``state['good_steps']`` checked against MindSpore's dynamic update cell's ``window``, or None when the state
+    has only the scale (a state of 0.1.0, which kept the scale only for MindSpore's cell)."""
+    if "good_steps" not in state:
+        return None
+    value = state_dict_values(state, ("good_steps",))["good_steps"]
+    return check_int_in_range("state_dict['good_steps']", value, low=0, high=window - 1)
+
+
 def _set_mindspore_good_steps(cell, good_steps):
     """Give MindSpore's own dynamic update cell ``good_steps`` clean steps in a row (its rule reads only the
     difference of its two step numbers)."""
@@ -397,11 +406,12 @@ class LossScaler(nn.Cell):
             self.update_cell.load_state_dict(state)
         elif isinstance(self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
             check_fixed_state(state, self.update_cell.get_loss_scale())
-        elif isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell) and "good_steps" in state:
-            good_steps = check_int_in_range("state_dict['good_steps']", state_dict_values(
-                state, ("good_steps",))["good_steps"], low=0, high=self.update_cell.scale_window - 1)
-            self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
-            _set_mindspore_good_steps(self.update_cell, good_steps)
+        elif isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
+            scale = state_dict_values(state, ("loss_scale",))["loss_scale"]
+            good_steps = _mindspore_good_steps_of(state, self.update_cell.scale_window)
+            self.set_scale(scale)
+            if good_steps is not None:
+                _set_mindspore_good_steps(self.update_cell, good_steps)
         else:
             self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
 

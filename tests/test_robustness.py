@@ -258,6 +258,8 @@ def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps(
     with pytest.raises(ValueError, match=r"'state_dict\['good_steps'\]' must be an int in \[0, 1\], but got 2"):
         target.load_state_dict({"loss_scale": 512.0, "good_steps": 2})
     assert target.state_dict() == {"loss_scale": 2.0**12, "good_steps": 0}
+    with pytest.raises(TypeError, match="'state_dict' must be a dict, but got NoneType"):
+        target.load_state_dict(None)
     target.load_state_dict({"loss_scale": 512.0})
     assert target.state_dict() == {"loss_scale": 512.0, "good_steps": 0}
 
