@@ -64,6 +64,16 @@ class FixedLossScaleManager(LossScaleManager):
         check_fixed_state(state, self._loss_scale)
 
 
+def _refuse_rule_change(name):
+    """MindSpore's manager lets ``loss_scale``, ``scale_factor`` and ``scale_window`` be assigned; the next update
+    cell then uses them while a running one keeps its own, and the attribute no longer says what trains. Ours
+    refuses, saying what to do instead."""
+    raise AttributeError(f"DynamicLossScaleManager.{name} cannot be assigned: the rule is validated and fixed when "
+                         f"the manager is built, and an update cell already in use would keep the old one. Build a new "
+                         f"manager with the value you want (or DynamicLossScaleManager.from_policy(policy)); to change "
+                         f"a training cell's scale, use train_cell.set_sense_scale(Tensor(...)).")
+
+
 class DynamicLossScaleManager(LossScaleManager):
     """Dynamic loss scaling: back off on overflow, grow after a window of clean steps.
 
@@ -98,8 +108,8 @@ class DynamicLossScaleManager(LossScaleManager):
             "init_loss_scale", init_loss_scale, scale_factor, scale_window, backoff_factor=backoff_factor,
             hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
-        self.scale_factor = scale_factor
-        self.scale_window = scale_window
+        self._scale_factor = scale_factor
+        self._scale_window = scale_window
         self._state = initial_state(self.policy)
         self._update_cell = None
         # MindSpore's host bookkeeping of update_loss_scale(), with its names and starting values.
@@ -139,6 +149,28 @@ class DynamicLossScaleManager(LossScaleManager):
     def loss_scale(self):
         """Alias of :meth:`get_loss_scale` (MindSpore exposes ``loss_scale`` as an attribute)."""
         return self.get_loss_scale()
+
+    @loss_scale.setter
+    def loss_scale(self, value):
+        _refuse_rule_change("loss_scale")
+
+    @property
+    def scale_factor(self):
+        """The growth factor as given (MindSpore's attribute)."""
+        return self._scale_factor
+
+    @scale_factor.setter
+    def scale_factor(self, value):
+        _refuse_rule_change("scale_factor")
+
+    @property
+    def scale_window(self):
+        """The clean steps before growth as given (MindSpore's attribute)."""
+        return self._scale_window
+
+    @scale_window.setter
+    def scale_window(self, value):
+        _refuse_rule_change("scale_window")
 
     @property
     def increase_ratio(self):

@@ -120,6 +120,14 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
         return overflow
 
 
+def _refuse_rule_assignment(name):
+    """MindSpore's update cell reads ``scale_factor``/``scale_window`` when it compiles, so assigning them before
+    the first step changes its rule; ours holds the validated rule in Tensors, where an assigned attribute would
+    change nothing and say otherwise."""
+    raise AttributeError(f"DynamicLossScaleUpdateCell.{name} cannot be assigned: the validated rule is held in the "
+                         f"cell's Tensors. Build a new cell (or DynamicLossScaleUpdateCell.from_policy(policy)).")
+
+
 class DynamicLossScaleUpdateCell(_UpdateCellBase):
     """Dynamic loss-scale update cell: :func:`lossscale.policy.update` in graph mode.
 
@@ -167,8 +175,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
         super().__init__(loss_scale_value)
         self.policy = policy
-        self.scale_factor = scale_factor
-        self.scale_window = scale_window
+        self._scale_factor, self._scale_window = scale_factor, scale_window
         self._growth_factor = Tensor(policy.growth_factor, mstype.float32)
         self._backoff_factor = Tensor(policy.backoff_factor, mstype.float32)
         self._min_scale = Tensor(policy.floor, mstype.float32)
@@ -185,6 +192,24 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
                                     name="loss_scale_good_steps", requires_grad=False)
         self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
                                          name="loss_scale_hysteresis_left", requires_grad=False)
+
+    @property
+    def scale_factor(self):
+        """The growth factor (MindSpore's attribute)."""
+        return self._scale_factor
+
+    @scale_factor.setter
+    def scale_factor(self, value):
+        _refuse_rule_assignment("scale_factor")
+
+    @property
+    def scale_window(self):
+        """The clean steps before growth (MindSpore's attribute)."""
+        return self._scale_window
+
+    @scale_window.setter
+    def scale_window(self, value):
+        _refuse_rule_assignment("scale_window")
 
     def rename_parameters(self, prefix):
         """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
@@ -248,7 +273,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
                                    hysteresis_left=min(current.hysteresis_left, policy.hysteresis))
         check_state(policy, state)
         self.policy = policy
-        self.scale_factor, self.scale_window = policy.growth_factor, policy.growth_interval
+        self._scale_factor, self._scale_window = policy.growth_factor, policy.growth_interval
         for name, value in (("_growth_factor", policy.growth_factor), ("_backoff_factor", policy.backoff_factor),
                             ("_min_scale", policy.floor), ("_max_scale", policy.ceiling),
                             ("_window", policy.growth_interval), ("_full_hysteresis", policy.hysteresis)):

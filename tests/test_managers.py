@@ -108,6 +108,20 @@ def test_too_many_overflows_in_a_row_stop_like_mindspores_manager(on_device):
     assert _bookkeeping(ours) == _bookkeeping(theirs)
 
 
+@pytest.mark.parametrize("attribute", ["loss_scale", "scale_factor", "scale_window"])
+def test_assigning_the_rule_is_refused_instead_of_diverging(attribute):
+    """MindSpore lets these be assigned (its next update cell uses them, a running one keeps its own); ours held
+    scale_factor and scale_window as plain attributes that the rule never read: the attribute changed, the rule
+    did not. Now an AttributeError says to build a new manager (or cell); nothing changes."""
+    manager = DynamicLossScaleManager(2**10, 2, 5)
+    cell = manager.get_update_cell()
+    for owner in (manager, cell) if attribute != "loss_scale" else (manager,):
+        with pytest.raises(AttributeError, match=f"{attribute} cannot be assigned.*Build a new"):
+            setattr(owner, attribute, 4)
+    assert (manager.get_loss_scale(), manager.scale_factor, manager.scale_window) == (1024.0, 2, 5)
+    assert (cell.scale_factor, cell.scale_window, cell.policy.growth_interval) == (2, 5, 5)
+
+
 def test_update_cells_are_ours_with_the_manager_policy():
     manager = DynamicLossScaleManager(2**12, 4, 100, hysteresis=2, min_loss_scale=2.0, max_loss_scale=2.0**20)
     cell = manager.get_update_cell()
