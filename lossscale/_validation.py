@@ -78,3 +78,28 @@ def positive_float32(name, value):
         raise ValueError(f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
                          f"(about [2.9e-39, 3.4e38]), but got {value!r}.")
     return scale
+
+
+def read_only(name, advice):
+    """A property reading ``self._<name>``; assigning it is an ``AttributeError`` naming the class, the attribute and
+    ``advice`` (what to do instead).
+
+    Example:
+        >>> class Rule:
+        ...     window = read_only("window", "build a new Rule.")
+        ...     def __init__(self):
+        ...         self._window = 3
+        >>> rule = Rule()
+        >>> rule.window
+        3
+        >>> rule.window = 4
+        Traceback (most recent call last):
+        AttributeError: Rule.window cannot be assigned: build a new Rule.
+    """
+    def get(self):
+        return getattr(self, f"_{name}")
+
+    def refuse(self, value):
+        raise AttributeError(f"{type(self).__name__}.{name} cannot be assigned: {advice}")
+
+    return property(get, refuse, doc=f"``{name}`` as given (read-only).")

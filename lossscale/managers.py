@@ -11,7 +11,7 @@ applied twice.
 import numpy as np
 from mindspore.amp import LossScaleManager
 
-from lossscale._validation import check_bool, check_finite_in_range
+from lossscale._validation import check_bool, check_finite_in_range, read_only
 from lossscale.bookkeeping import PersistentOverflowError
 from lossscale.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
@@ -64,14 +64,11 @@ class FixedLossScaleManager(LossScaleManager):
         check_fixed_state(state, self._loss_scale)
 
 
-def _refuse_rule_change(name):
-    """MindSpore's manager lets ``loss_scale``, ``scale_factor`` and ``scale_window`` be assigned; the next update
-    cell then uses them while a running one keeps its own, and the attribute no longer says what trains. Ours
-    refuses, saying what to do instead."""
-    raise AttributeError(f"DynamicLossScaleManager.{name} cannot be assigned: the rule is validated and fixed when "
-                         f"the manager is built, and an update cell already in use would keep the old one. Build a new "
-                         f"manager with the value you want (or DynamicLossScaleManager.from_policy(policy)); to change "
-                         f"a training cell's scale, use train_cell.set_sense_scale(Tensor(...)).")
+# MindSpore's manager lets loss_scale, scale_factor and scale_window be assigned; its next update cell then uses
+# them while a running one keeps its own, and the attribute no longer says what trains. Ours refuses.
+_MANAGER_ADVICE = ("the rule is validated and fixed when the manager is built, and an update cell already in use would "
+                   "keep the old one. Build a new manager with the value you want (or DynamicLossScaleManager."
+                   "from_policy(policy)); to change a training cell's scale, use train_cell.set_sense_scale(Tensor(...)).")
 
 
 class DynamicLossScaleManager(LossScaleManager):
@@ -100,6 +97,9 @@ class DynamicLossScaleManager(LossScaleManager):
         >>> manager.get_loss_scale()
         1024.0
     """
+
+    scale_factor = read_only("scale_factor", _MANAGER_ADVICE)
+    scale_window = read_only("scale_window", _MANAGER_ADVICE)
 
     def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, *, backoff_factor=None,
                  hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
@@ -152,25 +152,7 @@ class DynamicLossScaleManager(LossScaleManager):
 
     @loss_scale.setter
     def loss_scale(self, value):
-        _refuse_rule_change("loss_scale")
-
-    @property
-    def scale_factor(self):
-        """The growth factor as given (MindSpore's attribute)."""
-        return self._scale_factor
-
-    @scale_factor.setter
-    def scale_factor(self, value):
-        _refuse_rule_change("scale_factor")
-
-    @property
-    def scale_window(self):
-        """The clean steps before growth as given (MindSpore's attribute)."""
-        return self._scale_window
-
-    @scale_window.setter
-    def scale_window(self, value):
-        _refuse_rule_change("scale_window")
+        raise AttributeError(f"DynamicLossScaleManager.loss_scale cannot be assigned: {_MANAGER_ADVICE}")
 
     @property
     def increase_ratio(self):

@@ -13,7 +13,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._parameters import read_scalar, write_parameter
-from lossscale._validation import check_real, positive_float32
+from lossscale._validation import check_real, positive_float32, read_only
 from lossscale.policy import (FLOAT32_TINY, LossScaleState, check_state, initial_state, policy_extensions,
                               policy_from_mindspore_arguments, state_dict_values, state_from_dict)
 
@@ -120,12 +120,10 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
         return overflow
 
 
-def _refuse_rule_assignment(name):
-    """MindSpore's update cell reads ``scale_factor``/``scale_window`` when it compiles, so assigning them before
-    the first step changes its rule; ours holds the validated rule in Tensors, where an assigned attribute would
-    change nothing and say otherwise."""
-    raise AttributeError(f"DynamicLossScaleUpdateCell.{name} cannot be assigned: the validated rule is held in the "
-                         f"cell's Tensors. Build a new cell (or DynamicLossScaleUpdateCell.from_policy(policy)).")
+# MindSpore's update cell reads scale_factor/scale_window when it compiles, so assigning them before the first step
+# changes its rule; ours holds the validated rule in Tensors, where an assigned attribute would change nothing.
+_CELL_ADVICE = ("the validated rule is held in the cell's Tensors. Build a new cell (or "
+                "DynamicLossScaleUpdateCell.from_policy(policy)).")
 
 
 class DynamicLossScaleUpdateCell(_UpdateCellBase):
@@ -166,6 +164,9 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         0.5
     """
 
+    scale_factor = read_only("scale_factor", _CELL_ADVICE)
+    scale_window = read_only("scale_window", _CELL_ADVICE)
+
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
                  hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
                  refill_hysteresis_on_backoff=False):
@@ -192,24 +193,6 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
                                     name="loss_scale_good_steps", requires_grad=False)
         self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
                                          name="loss_scale_hysteresis_left", requires_grad=False)
-
-    @property
-    def scale_factor(self):
-        """The growth factor (MindSpore's attribute)."""
-        return self._scale_factor
-
-    @scale_factor.setter
-    def scale_factor(self, value):
-        _refuse_rule_assignment("scale_factor")
-
-    @property
-    def scale_window(self):
-        """The clean steps before growth (MindSpore's attribute)."""
-        return self._scale_window
-
-    @scale_window.setter
-    def scale_window(self, value):
-        _refuse_rule_assignment("scale_window")
 
     def rename_parameters(self, prefix):
         """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
