@@ -56,37 +56,42 @@ _INSTANCES = itertools.count()
 # Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
 _reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
 
-_describe = ops.MultitypeFuncGraph("_describe")
+# A gradient's shape: what tells optimizers apart (not its dtype: gradients cast between unscale_() and step(), to
+# float32 for clipping, say, are still the ones unscale_() returned).
+_shape_of = ops.MultitypeFuncGraph("_shape_of")
 
 
-@_describe.register("Tensor")
-def _tensor_describe(grad):
-    return grad.shape, grad.dtype
+@_shape_of.register("Tensor")
+def _tensor_shape_of(grad):
+    return grad.shape
 
 
-@_describe.register("RowTensor")
-def _row_tensor_describe(grad):
-    return grad.dense_shape, grad.values.dtype
+@_shape_of.register("RowTensor")
+def _row_tensor_shape_of(grad):
+    return grad.dense_shape
 
 
-@_describe.register("None")
-def _none_describe(grad):
+@_shape_of.register("None")
+def _none_shape_of(grad):
     return None
 
 
+def _as_tuples(shapes):
+    """``shapes`` (of gradients, None for a missing one) as tuples, comparable and hashable."""
+    return tuple(None if shape is None else tuple(shape) for shape in shapes)
+
+
 @constexpr
-def _signature(description):
-    """A deterministic 24-bit int for the structure of a gradient tuple, its shapes (exact in float32). Not the
-    dtypes: with them, gradients cast after unscale_() looked like another optimizer's to step(), which divided
-    them by the scale a second time (measured: a 1/S-times update, silently)."""
-    shapes = tuple(None if item is None else tuple(item[0]) for item in description)
-    return zlib.crc32(repr(shapes).encode()) & 0xFFFFFF
+def _signature(shapes):
+    """A deterministic 24-bit int for the shapes of a gradient tuple (exact in float32). Not their dtypes: with
+    them, gradients cast after unscale_() looked like another optimizer's to step(), which divided them by the
+    scale a second time (measured: a 1/S-times update, silently)."""
+    return zlib.crc32(repr(_as_tuples(shapes)).encode()) & 0xFFFFFF
 
 
-def _refuse_misfit(descriptions, parameter_shapes):
+def _refuse_misfit(shapes, parameter_shapes):
     """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
-    shapes = tuple(None if description is None else tuple(description[0]) for description in descriptions)
-    expected = tuple(tuple(shape) for shape in parameter_shapes)
+    shapes, expected = _as_tuples(shapes), _as_tuples(parameter_shapes)
     if shapes != expected:
         raise ValueError(f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
                          f"optimizer.parameters (differentiate with respect to optimizer.parameters): the gradients "
@@ -163,7 +168,7 @@ class OptimizerStates(nn.Cell):
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
         """The structure signature of ``grads`` (a constant)."""
-        return _signature(self.hyper_map(_describe, grads))
+        return _signature(self.hyper_map(_shape_of, grads))
 
     def refuse_misfit(self, grads, parameters):
         """From Python, ValueError (before anything is recorded or applied) unless ``grads`` has the shapes of
@@ -173,7 +178,7 @@ class OptimizerStates(nn.Cell):
         inference refuses such gradients while compiling, before anything runs, and the check would cost
         0.1 s of compile time (measured). Eager or compiled: :func:`lossscale._parameters.outside_graph`."""
         if outside_graph(parameters[0]):
-            return _refuse_misfit(self.hyper_map(_describe, grads), tuple(parameter.shape for parameter in parameters))
+            return _refuse_misfit(self.hyper_map(_shape_of, grads), tuple(parameter.shape for parameter in parameters))
         return True
 
     def slot(self, key, signature):
