@@ -25,7 +25,8 @@ from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
 from lossscale.policy import check_state
 from lossscale.scaler import positive_scale
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
+                                    mindspore_good_steps)
 
 ACCUMULATOR_PREFIX = "loss_scale_accumulator."
 # The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
@@ -137,8 +138,8 @@ def _from_mindspore_counters(cell, param_dict):
     if (not isinstance(update_cell, DynamicLossScaleUpdateCell) or good_steps.name in param_dict
             or not all(name in param_dict for name in MINDSPORE_COUNTERS)):
         return {}
-    current, last = (int(np.asarray(param_dict[name].asnumpy()).reshape(-1)[0]) for name in MINDSPORE_COUNTERS)
-    return {good_steps.name: Tensor(np.full(good_steps.shape, current - last - 1, np.int32))}
+    count = mindspore_good_steps(*(param_dict[name] for name in MINDSPORE_COUNTERS))
+    return {good_steps.name: Tensor(np.full(good_steps.shape, count, np.int32))}
 
 
 def checkpoint_choice(cell):

@@ -52,7 +52,8 @@ from lossscale._naming import check_name
 from lossscale._parameters import read_scalar, write_parameter
 from lossscale._validation import check_bool, check_int_in_range, positive_float32
 from lossscale.policy import LossScalePolicy, state_dict_values
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
+                                    mindspore_good_steps)
 
 def _promote(scale, output):
     """``output * scale`` with ``output`` promoted to at least float32."""
@@ -88,12 +89,6 @@ def _check_loss(loss):
     if not isinstance(loss, Tensor):
         raise TypeError(f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
                         f"{type(loss).__name__} {loss!r}: scale the loss tensor itself.")
-
-
-def _mindspore_good_steps(cell):
-    """The clean steps in a row of MindSpore's own dynamic update cell, which keeps step numbers instead: the
-    current one (from 1) and the last backoff's or growth's (one host sync)."""
-    return int(cell.cur_iter.asnumpy().reshape(-1)[0]) - int(cell.last_overflow_iter.asnumpy().reshape(-1)[0]) - 1
 
 
 def _mindspore_good_steps_of(state, window):
@@ -397,7 +392,8 @@ class LossScaler(nn.Cell):
         if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             return self.update_cell.state_dict()
         if isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
-            return {"loss_scale": self.get_scale(), "good_steps": _mindspore_good_steps(self.update_cell)}
+            return {"loss_scale": self.get_scale(),
+                    "good_steps": mindspore_good_steps(self.update_cell.cur_iter, self.update_cell.last_overflow_iter)}
         return {"loss_scale": self.get_scale()}
 
     def load_state_dict(self, state):

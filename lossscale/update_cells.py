@@ -84,6 +84,19 @@ def check_fixed_state(state, fixed_scale, name="state_dict['loss_scale']"):
                          f"{saved!r}.")
 
 
+def mindspore_good_steps(current_step, last_overflow_step):
+    """The clean steps in a row of MindSpore's own dynamic update cell, which keeps step numbers instead: its
+    current step (from 1) and that of its last backoff or growth, as Tensors or Parameters (its ``cur_iter`` and
+    ``last_overflow_iter``, saved as ``current_iterator_step`` and ``last_overflow_iterator_step``; one host sync).
+
+    Example:
+        >>> mindspore_good_steps(Tensor(np.array([7], np.int32)), Tensor(np.array([4], np.int32)))
+        2
+    """
+    current, last = (int(np.asarray(step.asnumpy()).reshape(-1)[0]) for step in (current_step, last_overflow_step))
+    return current - last - 1
+
+
 class FixedLossScaleUpdateCell(_UpdateCellBase):
     """Update cell with a constant loss scale: the overflow flag passes through.
 
