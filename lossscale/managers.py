@@ -176,13 +176,21 @@ class DynamicLossScaleManager(LossScaleManager):
         the last overflowing one and ``bad_step`` the overflows in a row; once ``bad_step``
         exceeds ``bad_step_max`` (1000) this raises a ``RuntimeError`` ("Dynamic loss scale Continuous
         overflow ...", a :class:`lossscale.PersistentOverflowError`), so a ``Model`` run that overflows at
-        every step stops as MindSpore's does.
+        every step stops as MindSpore's does. With gradient accumulation, a call that ends inside a window
+        (its output False decides nothing) only advances ``cur_iter``: ``bad_step`` counts overflowing
+        optimizer steps in a row.
+
+        Host syncs: one (the device state), two with accumulation (also the micro-step).
         """
         overflow = bool(np.all(overflow))
-        if self._device_cell() is not None:
-            self.get_state()
-        else:
+        cell = self._device_cell()
+        if cell is None:
             self._state = update(self.policy, self._state, overflow)
+        else:
+            self.get_state()
+            if cell.window_open():  # a micro-batch inside an accumulation window: no step was decided
+                self.cur_iter += 1
+                return
         self._count(overflow)
 
     def _count(self, overflow):

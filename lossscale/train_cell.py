@@ -163,6 +163,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
         self.accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
         self.accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
+        if self.accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
+            self.loss_scaler.update_cell.bind_micro_step(self.accumulation.micro_step)  # for the manager's counts
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None

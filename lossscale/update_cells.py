@@ -24,16 +24,17 @@ _RULE_ATTRIBUTES = {"growth_factor": "_growth_factor", "backoff_factor": "_backo
 
 
 class _ScaleBinding:
-    """Holds the train cell's scale Parameter outside the Cell attribute machinery.
+    """Holds the train cell's scale Parameter (and its accumulation micro-step) outside the Cell attribute machinery.
 
-    Stored as a plain object so the Parameter is not registered twice in the
-    network's parameter tree (it belongs to the train cell).
+    Stored as a plain object so the Parameters are not registered twice in the
+    network's parameter tree (they belong to the train cell).
     """
 
-    __slots__ = ("parameter",)
+    __slots__ = ("parameter", "micro_step")
 
     def __init__(self, parameter):
         self.parameter = parameter
+        self.micro_step = None
 
 
 class _UpdateCellBase(nn.Cell):
@@ -51,6 +52,22 @@ class _UpdateCellBase(nn.Cell):
         Called by :class:`lossscale.TrainOneStepWithLossScaleCell`; users need not call it.
         """
         self._binding.parameter = parameter
+
+    def bind_micro_step(self, parameter):
+        """Record the accumulating train cell's micro-step counter, for :meth:`window_open`.
+
+        Called by :class:`lossscale.TrainOneStepWithLossScaleCell` with ``accumulation_steps > 1``.
+        """
+        self._binding.micro_step = parameter
+
+    def window_open(self):
+        """Whether the train cell's last call ended inside an accumulation window (one host sync).
+
+        Such a call decided nothing (this cell did not run), so its overflow output (False) is not a
+        clean step: the manager's MindSpore counters skip it. False without accumulation (no sync).
+        """
+        micro_step = self._binding.micro_step
+        return micro_step is not None and read_scalar(micro_step) > 0
 
     @property
     def scale_parameter(self):

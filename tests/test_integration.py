@@ -116,6 +116,27 @@ def test_model_stops_after_too_many_overflows_in_a_row_as_mindspores_does():
     assert manager.get_loss_scale() == 2.0**10 / 2**4
 
 
+def test_model_with_accumulation_counts_overflowing_windows_in_a_row_not_calls():
+    """With accumulation_steps=2 the train cell decides once per window and reports False on a window's first
+    micro-batch (no decision yet). The manager's bad_step counts decisions: a False that decides nothing must not
+    reset it (it did: a run that overflowed for good never stopped). Windows 1-4 overflow; the fourth raises."""
+    x, _, y = _classification_data_with_inf()
+    x = x.copy()
+    x[8:64, 0] = np.nan  # micro-batches 2 to 8 overflow, so every window does
+    net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
+    manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+    manager.bad_step_max = 3
+    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager,
+                  accumulation_steps=2)
+    recorder = StepRecorder()
+    with pytest.raises(PersistentOverflowError, match="Dynamic loss scale Continuous overflow 4 times"):
+        model.train(1, _dataset(x, y), callbacks=[recorder], dataset_sink_mode=False)
+    assert [overflow for overflow, _ in recorder.rows] == [False, True] * 3 + [False]  # the eighth call raised
+    assert (manager.cur_iter, manager.last_overflow_iter, manager.bad_step) == (8, 8, 4)
+    assert model.train_network.overflow_counters()["skipped_steps"] == 4
+    assert manager.get_loss_scale() == 2.0**10 / 2**4
+
+
 def test_model_skipped_batches_match_a_model_that_never_saw_them():
     x, x_bad, y = _classification_data_with_inf()
     keep = np.ones(64, bool)
