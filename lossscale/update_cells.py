@@ -49,9 +49,11 @@ class _UpdateCellBase(nn.Cell):
     def bind_scale_parameter(self, parameter):
         """Record the train cell's scale Parameter so :meth:`get_loss_scale` reads the device value.
 
-        Called by :class:`lossscale.TrainOneStepWithLossScaleCell`; users need not call it.
+        Called by :class:`lossscale.TrainOneStepWithLossScaleCell`; users need not call it. A new
+        adopter starts without an accumulation window (see :meth:`bind_micro_step`).
         """
         self._binding.parameter = parameter
+        self._binding.micro_step = None
 
     def bind_micro_step(self, parameter):
         """Record the accumulating train cell's micro-step counter, for :meth:`window_open`.

@@ -183,3 +183,23 @@ def test_dynamic_cell_rejects_bad_arguments(kwargs, error, argument):
 def test_fixed_cell_rejects_non_positive_scale():
     with pytest.raises(ValueError, match="loss_scale_value"):
         FixedLossScaleUpdateCell(0.0)
+
+
+def test_window_open_follows_the_adopting_train_cells_accumulation_window():
+    """window_open() (what the manager uses to count bad_step per optimizer step) is True exactly after a call
+    that ended inside an accumulation window; a later adopter without accumulation unbinds the window."""
+    from lossscale import TrainOneStepWithLossScaleCell  # pylint: disable=import-outside-toplevel
+
+    cell = DynamicLossScaleUpdateCell(loss_scale_value=8.0, scale_factor=2, scale_window=100)
+    assert cell.window_open() is False  # not adopted
+    net = nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss())
+    train = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell, accumulation_steps=2)
+    x, y = Tensor(np.ones((2, 2), np.float32)), Tensor(np.zeros((2, 1), np.float32))
+    opened = []
+    for _ in range(4):
+        train(x, y)
+        opened.append(cell.window_open())
+    assert opened == [True, False, True, False]
+    TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell)
+    train(x, y)  # the old cell's window is open again, but the cell now follows the new adopter
+    assert cell.window_open() is False
