@@ -18,9 +18,9 @@ import dataclasses
 
 import numpy as np
 
-from mindspore import Parameter, Tensor
-from mindspore import load_param_into_net
+from mindspore import Tensor
 
+from lossscale._parameters import write_parameter
 from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
 from lossscale.policy import check_state
@@ -29,6 +29,7 @@ from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUp
                                     mindspore_good_steps)
 
 ACCUMULATOR_PREFIX = "loss_scale_accumulator."
+MICRO_STEP = "loss_scale_micro_step"
 # The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
 MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
 
@@ -79,7 +80,7 @@ def _check_rule_state(cell, scale):
     for name, count in cell.overflow_counters().items():
         check_int_in_range(f"loss_scale_{name}", count, low=0, high=INT32_MAX)
     if cell.accumulation is not None:
-        check_int_in_range("loss_scale_micro_step", _count(cell.accumulation.micro_step), low=0,
+        check_int_in_range(MICRO_STEP, _count(cell.accumulation.micro_step), low=0,
                            high=cell.accumulation_steps - 1)
 
 
@@ -116,16 +117,53 @@ def restore_loss_scale(cell, param_dict):
     if not wanted:
         raise ValueError(f"the checkpoint holds none of this train cell's loss-scale state ({', '.join(sorted(own))}): "
                          f"it was saved from the bare network or by a cell without loss scaling.")
-    saved = {name: Parameter(Tensor(own[name].asnumpy()), name=name) for name in wanted}
-    load_param_into_net(cell, {name: value if isinstance(value, Parameter) else Parameter(value, name=name)
-                               for name, value in wanted.items()})
+    _refuse_lost_window(cell, param_dict)
+    loaded = {name: _checkpoint_array(name, value, own[name]) for name, value in wanted.items()}
+    saved = {name: own[name].asnumpy().copy() for name in loaded}  # asnumpy() may share the device buffer
+    _write(own, loaded)
     try:
         check_cell_state(cell)
     except ValueError:
-        load_param_into_net(cell, saved)
+        _write(own, saved)
         raise
     cell.state_checked()
     return sorted(wanted)
+
+
+def _checkpoint_array(name, value, parameter):
+    """A checkpoint entry as an array of ``parameter``'s shape, or ``ValueError`` (nothing written yet)."""
+    array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+    if array.shape != tuple(parameter.shape):
+        raise ValueError(f"the checkpoint's {name!r} has shape {array.shape}, but this train cell's has shape "
+                         f"{tuple(parameter.shape)}: it was saved by another configuration.")
+    return array
+
+
+def _write(own, arrays):
+    """Write each array into the Parameter of its name, by exact name. (MindSpore's ``load_param_into_net`` would
+    also match names by suffix for the Parameters a partial dict lacks, and load ``loss_scale_accumulator.w``
+    into the weight ``w``.)"""
+    for name, array in arrays.items():
+        write_parameter(own[name], array)
+
+
+def _refuse_lost_window(cell, param_dict):
+    """A checkpoint saved inside an accumulation window resumes only into a cell that accumulates, with the
+    window's partial sums: else its micro-batches would be dropped without a word."""
+    micro_step = param_dict.get(MICRO_STEP)
+    done = 0 if micro_step is None else _count(micro_step)
+    if done == 0:
+        return
+    where = f"the checkpoint was saved inside an accumulation window ({MICRO_STEP}={done})"
+    if cell.accumulation is None:
+        raise ValueError(f"{where}, but this train cell has no accumulation (accumulation_steps=1): the window's "
+                         f"{done} micro-batch(es) would be lost. Resume with the accumulation_steps it was saved "
+                         f"with, or from a checkpoint saved at a window boundary.")
+    missing = [p.name for p in cell.accumulation.accumulators if p.name not in param_dict]
+    if missing:
+        raise ValueError(f"{where} without its partial sums ({', '.join(missing)}): the window's mean would miss "
+                         f"{done} micro-batch(es). Save mid-window checkpoints with the accumulators (the train "
+                         f"cell's checkpoint_choice() keeps them), or resume from a window boundary.")
 
 
 def _from_mindspore_counters(cell, param_dict):

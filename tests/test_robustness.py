@@ -272,15 +272,22 @@ def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
     with pytest.raises(ValueError, match="loss_scale_hysteresis_left"):
         restore_loss_scale(target, saved)
     assert all(np.array_equal(before[k], v) for k, v in snapshot(target).items())
+    reshaped = dict(saved, scale_sense=Parameter(Tensor(np.full((1, 1), 8.0, np.float32)), name="scale_sense"))
+    with pytest.raises(ValueError, match=r"the checkpoint's 'scale_sense' has shape \(1, 1\), but this train "
+                                         r"cell's has shape \(\)"):
+        restore_loss_scale(target, reshaped)  # (MindSpore's loader raised RuntimeError after a partial load)
+    assert all(np.array_equal(before[k], v) for k, v in snapshot(target).items())
+
+
+def _accumulating_cell(net=None):
+    net = net or regression_net()
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
+                                         DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
+                                         accumulation_steps=2)
 
 
 def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path):
-    def cell():
-        net = regression_net()
-        return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
-                                             DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
-                                             accumulation_steps=2)
-
+    cell = _accumulating_cell
     uninterrupted = cell()
     _run(uninterrupted, BATCHES[:4])
     path = tmp_path / "boundary.ckpt"
@@ -296,6 +303,36 @@ def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path)
     mid = tmp_path / "mid.ckpt"
     ms.save_checkpoint(uninterrupted, str(mid), choice_func=uninterrupted.checkpoint_choice())
     assert [k for k in ms.load_checkpoint(str(mid)) if k.startswith("loss_scale_accumulator.")]
+
+
+def test_restore_loss_scale_refuses_a_mid_window_checkpoint_it_cannot_continue(tmp_path):
+    """A checkpoint saved inside an accumulation window holds the window's partial sums: restored into an
+    accumulating cell it continues exactly. It did not: restore_loss_scale loaded with MindSpore's
+    load_param_into_net, whose suffix matching (for the weights the partial dict lacks) wrote each
+    loss_scale_accumulator.<w> into <w>, so the weights became the partial sums. Restored into a cell without
+    accumulation, or without the sums, the window's micro-batches were silently dropped (and, without the sums,
+    the window's mean came out too small); refused now, and nothing changes."""
+    uninterrupted = _accumulating_cell()
+    _run(uninterrupted, BATCHES[:3])  # one micro-batch into the second window
+    saved = _checkpoint(uninterrupted, tmp_path / "mid.ckpt")
+    network = regression_net()
+    ms.load_param_into_net(network, saved)
+    resumed = _accumulating_cell(network)
+    ms.load_param_into_net(resumed.optimizer, saved)
+    assert "loss_scale_micro_step" in restore_loss_scale(resumed, saved)
+    _same_weights(resumed, uninterrupted)
+    assert _run(resumed, BATCHES[3:], inject={5}) == _run(uninterrupted, BATCHES[3:], inject={5})
+    _same_weights(resumed, uninterrupted)
+    without_sums = {k: v for k, v in saved.items() if not k.startswith("loss_scale_accumulator.")}
+    for target, state, error in [
+            (_dynamic_cell(), saved, r"inside an accumulation window \(loss_scale_micro_step=1\).* has no "
+                                     r"accumulation \(accumulation_steps=1\)"),
+            (_accumulating_cell(), without_sums, r"inside an accumulation window \(loss_scale_micro_step=1\) "
+                                                 r"without its partial sums \(loss_scale_accumulator\.")]:
+        before = snapshot(target)
+        with pytest.raises(ValueError, match=error):
+            restore_loss_scale(target, state)
+        assert all(np.array_equal(before[k], v) for k, v in snapshot(target).items())
 
 
 # ---- decisions -------------------------------------------------------------------------------------
