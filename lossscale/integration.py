@@ -221,6 +221,7 @@ class Model(_MindSporeModel):
         if kwargs.get("keep_batchnorm_fp32") is not None:  # MindSpore's Model takes None as "the level's default"
             check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
         _check_train_cell_options(self._train_cell_options)
+        _refuse_host_counting_manager(kwargs.get("loss_scale_manager"), self._train_cell_options)
         super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level,
                          **kwargs)
 
@@ -238,6 +239,19 @@ class Model(_MindSporeModel):
                                       **kwargs)
         _apply_declared_inputs(network, self._network, self._loss_fn)
         return network
+
+
+def _refuse_host_counting_manager(manager, options):
+    """MindSpore's ``DynamicLossScaleManager`` under accumulation: ``Model`` calls its ``update_loss_scale`` after
+    every micro-batch, and it takes each False (no decision yet) for a clean optimizer step, so its host scale
+    grows ahead of the device's and its ``bad_step`` stop never comes. Refused, with the replacement."""
+    steps = options.get("accumulation_steps", 1)
+    if isinstance(manager, _ms_amp.DynamicLossScaleManager) and steps > 1:
+        raise ValueError(f"accumulation_steps={steps} with MindSpore's DynamicLossScaleManager: Model calls its "
+                         f"update_loss_scale after every micro-batch and it counts each as an optimizer step, so "
+                         f"its get_loss_scale() and its stop after bad_step_max overflows would not follow the "
+                         f"training. Use lossscale.DynamicLossScaleManager (the same arguments), which counts "
+                         f"optimizer steps.")
 
 
 def _apply_declared_inputs(train_network, network, loss_fn):

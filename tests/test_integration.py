@@ -95,6 +95,19 @@ def test_model_accepts_mindspore_own_manager_on_cpu():
     assert manager.get_loss_scale() == recorder.rows[-1][1]
 
 
+def test_model_refuses_mindspores_own_manager_with_accumulation():
+    """MindSpore's manager counts every update_loss_scale call as an optimizer step: under accumulation its host
+    scale grew ahead of the device's (16384 against 4096 after 8 calls with a window of 2) and its stop never came.
+    Refused when the Model is built, naming the replacement; without accumulation it is accepted (above)."""
+    net = nn.Dense(8, 2)
+    with pytest.raises(ValueError, match=r"accumulation_steps=2 with MindSpore's DynamicLossScaleManager.*Use "
+                                         r"lossscale.DynamicLossScaleManager"):
+        Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), accumulation_steps=2,
+              loss_scale_manager=ms.amp.DynamicLossScaleManager(2**10, 2, 2))
+    Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), accumulation_steps=2,
+          loss_scale_manager=ms.amp.FixedLossScaleManager(2**10, drop_overflow_update=True))  # no host rule
+
+
 def test_model_stops_after_too_many_overflows_in_a_row_as_mindspores_does():
     """MindSpore's Model calls manager.update_loss_scale after every step (outside sink mode), and its manager
     raises once more than bad_step_max steps in a row overflowed: a run that overflows for good stops. Ours does
