@@ -44,13 +44,14 @@ def check_real(name, value):
     return float(value)
 
 
-def check_finite_in_range(name, value, *, low, high=FLOAT32_MAX, low_inclusive=True):
-    """Return ``float(value)`` if it is finite and within ``[low, high]`` (or ``(low, high]``)."""
+def check_finite_in_range(name, value, *, low, high=FLOAT32_MAX, low_inclusive=True, high_inclusive=True):
+    """Return ``float(value)`` if it is finite and within ``[low, high]`` (an end excluded when not inclusive)."""
     value = check_real(name, value)
     too_low = value < low if low_inclusive else value <= low
-    if not math.isfinite(value) or too_low or value > high:
-        bracket = "[" if low_inclusive else "("
-        raise ValueError(f"'{name}' must be a finite number in {bracket}{low!r}, {high!r}], but got {value!r}.")
+    too_high = value > high if high_inclusive else value >= high
+    if not math.isfinite(value) or too_low or too_high:
+        opening, closing = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
+        raise ValueError(f"'{name}' must be a finite number in {opening}{low!r}, {high!r}{closing}, but got {value!r}.")
     return value
 
 

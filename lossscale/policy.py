@@ -110,9 +110,8 @@ class LossScalePolicy:
         backoff = self.backoff_factor
         if backoff is None:
             backoff = float(_F32(1.0) / _F32(growth))
-        backoff = check_finite_in_range("backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False)
-        if backoff >= 1.0:
-            raise ValueError(f"'backoff_factor' must be a finite number in (0.0, 1.0), but got {backoff!r}.")
+        backoff = check_finite_in_range("backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False,
+                                        high_inclusive=False)
         _refuse_float32_degenerate("backoff_factor", backoff, not 0.0 < _f32(backoff) < 1.0, "rounds to 0.0 or 1.0")
         set_field("backoff_factor", backoff)
         set_field("growth_interval", check_int_in_range("growth_interval", self.growth_interval, low=1))

@@ -6,6 +6,9 @@ crossed with every argument of that kind: types (None, str, bool, list), nan, +-
 float32-huge, fractional counts, out-of-range counts. ``load_state_dict`` inputs are swept the same way.
 Nothing that would train wrongly later is accepted.
 """
+import math
+import re
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -37,6 +40,9 @@ def _ids(cases):
     return [f"{name}={value!r}" for name, value in cases]
 
 
+_STATED_RANGE = re.compile(r"in ([\[(])(-?[\d.e+-]+|-?inf), (-?[\d.e+-]+|-?inf)([\])])")
+
+
 def _refused(call, name, value, shown=True):
     with pytest.raises((TypeError, ValueError)) as refused:
         call()
@@ -47,7 +53,20 @@ def _refused(call, name, value, shown=True):
         if isinstance(value, float):
             spellings.add(f"{value:g}")
         assert any(text in message for text in spellings), message
+    _assert_outside_stated_range(message, value)
     return message
+
+
+def _assert_outside_stated_range(message, value):
+    """A range the message states must exclude the refused number (a finite one: nan and inf are refused as
+    not finite): "(0.0, 1.0]" for a refused 1.0 would tell the user 1.0 is allowed."""
+    stated = _STATED_RANGE.search(message)
+    if stated is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return
+    opening, low, high, closing = stated.group(1), float(stated.group(2)), float(stated.group(3)), stated.group(4)
+    above_low = value >= low if opening == "[" else value > low
+    below_high = value <= high if closing == "]" else value < high
+    assert not (above_low and below_high), f"{value!r} refused, but the message allows it: {message}"
 
 
 # ---- managers, update cells, policies ----------------------------------------------------------------
@@ -221,6 +240,19 @@ TORCH_SCALER = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_
                          ids=_ids(_sweep(GRAD_SCALER) + _sweep(TORCH_SCALER)))
 def test_grad_scalers(name, value):
     _refused(lambda: GradScaler(**{name: value}), name, value)
+
+
+BACKOFF_ARGUMENTS = [(LossScalePolicy, "backoff_factor"), (DynamicLossScaleManager, "backoff_factor"),
+                     (GradScaler, "decr_ratio"), (GradScaler, "backoff_factor")]
+
+
+@pytest.mark.parametrize("make, name", BACKOFF_ARGUMENTS, ids=[f"{m.__name__}-{n}" for m, n in BACKOFF_ARGUMENTS])
+def test_every_refused_backoff_states_the_open_range(make, name):
+    """A factor in (0, 1) is refused with that range whatever the value: a refused 0.0 was told "(0.0, 1.0]",
+    which says 1.0 would do (1.0 itself was told "(0.0, 1.0)")."""
+    for value in (0.0, 1.0, 1.5, -0.5):
+        message = _refused(lambda: make(**{name: value}), name, value)  # pylint: disable=cell-var-from-loop
+        assert "in (0.0, 1.0), but got" in message, message
 
 
 KERAS = {"dynamic": BAD_FLAGS, "initial_scale": BAD_SCALES[1:], "dynamic_growth_steps": BAD_COUNTS[1:]}
