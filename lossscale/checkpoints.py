@@ -40,9 +40,14 @@ def is_loss_scale_state(name):
     return name == "scale_sense" or name.startswith("loss_scale_") or name in MINDSPORE_COUNTERS
 
 
+def _array_of(value):
+    """A Parameter's, Tensor's or checkpoint entry's value as a NumPy array (one host sync)."""
+    return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+
+
 def _count(parameter):
-    """A scalar int Parameter's value as a Python int (one host sync)."""
-    return int(parameter.asnumpy().reshape(-1)[0])
+    """A scalar int Parameter's (or checkpoint entry's) value as a Python int (one host sync)."""
+    return int(_array_of(parameter).reshape(-1)[0])
 
 
 _FOREIGN_STATE = ("The loaded state does not belong to this train cell's configuration: load a checkpoint written by "
@@ -132,7 +137,7 @@ def restore_loss_scale(cell, param_dict):
 
 def _checkpoint_array(name, value, parameter):
     """A checkpoint entry as an array of ``parameter``'s shape, or ``ValueError`` (nothing written yet)."""
-    array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+    array = _array_of(value)
     if array.shape != tuple(parameter.shape):
         raise ValueError(f"the checkpoint's {name!r} has shape {array.shape}, but this train cell's has shape "
                          f"{tuple(parameter.shape)}: it was saved by another configuration.")
