@@ -88,6 +88,9 @@ class LossScaleMonitor(Callback):
             decision.
         device_counters (dict or None): at the end of training, the train cell's in-graph
             counters (:meth:`lossscale.TrainOneStepWithLossScaleCell.overflow_counters`).
+        open_window (tuple or None): at the end of training under accumulation, ``(k, N)`` when it
+            ended inside a window: k of N micro-batches accumulated and not applied yet (the cell's
+            next call continues the window; a checkpoint keeps them). The summary says so.
 
     Host syncs: one per call (the outputs read together, plus the micro step under accumulation).
 
@@ -105,6 +108,7 @@ class LossScaleMonitor(Callback):
         self.stream = _check_stream(stream)
         self.records = []
         self.device_counters = None
+        self.open_window = None
         self._scale_before = None
         self._window_losses = []
         self._train_network = None  # between on_train_begin and the end of training
@@ -166,6 +170,9 @@ class LossScaleMonitor(Callback):
         self._train_network = None  # written once, and the network is not kept alive by the monitor
         if hasattr(train_network, "overflow_counters"):
             self.device_counters = train_network.overflow_counters()
+        window = _accumulation_window(train_network)
+        accumulated = 0 if window is None else int(window[0].asnumpy())
+        self.open_window = (accumulated, window[1]) if accumulated else None
         if self.csv_path:
             self.write_csv(self.csv_path)
         if self.print_summary:
@@ -193,7 +200,7 @@ class LossScaleMonitor(Callback):
         """The summary as a short human-readable paragraph (scales that are powers of two as ``2**k``)."""
         s = self.summary()
         if not s["steps"]:
-            return "loss scaling: no steps recorded"
+            return "loss scaling: no steps recorded" + self._open_window_text()
         share = 100.0 * s["skipped_steps"] / s["steps"]
         text = (f"loss scaling: {s['steps']} steps, {s['skipped_steps']} skipped ({share:.1f}%) in "
                 f"{s['overflow_events']} overflow events; scale min {format_scale(s['min_loss_scale'])}, "
@@ -203,7 +210,13 @@ class LossScaleMonitor(Callback):
             text += (f"\ndevice counters: {c['steps']} optimizer steps, {c['skipped_steps']} skipped, "
                      f"{c['consecutive_overflows']} consecutive overflows now, last overflow at step "
                      f"{c['last_overflow_step'] or 'none'}")
-        return text
+        return text + self._open_window_text()
+
+    def _open_window_text(self):
+        if not self.open_window:
+            return ""
+        return (f"\ntraining ended inside an accumulation window: {self.open_window[0]} of {self.open_window[1]} "
+                f"micro-batches accumulated, not applied yet (the next call continues the window)")
 
     def write_csv(self, path):
         """Write :attr:`records` as CSV with the columns :data:`FIELDS`."""

@@ -163,6 +163,16 @@ def test_one_row_per_optimizer_step_under_accumulation():
     assert [r["loss_scale"] for r in monitor.records] == [1024.0, 512.0, 512.0, 256.0]
     assert "4 steps, 2 skipped (50.0%)" in monitor.format_summary()
     assert step.overflow_counters()["skipped_steps"] == 2
+    monitor.on_train_end(_context(None, step))
+    assert monitor.open_window is None and "accumulation window" not in monitor.format_summary()
+    ended_inside = LossScaleMonitor(print_summary=False)  # a run that stops after a window's first micro-batch
+    ended_inside.on_train_begin(_context(None, step))
+    x, y = regression_batches(1)[0]
+    ended_inside.on_train_step_end(_context(step(Tensor(x), Tensor(y)), step))
+    ended_inside.on_train_end(_context(None, step))
+    assert ended_inside.records == [] and ended_inside.open_window == (1, 4)
+    assert ("training ended inside an accumulation window: 1 of 4 micro-batches accumulated, not applied yet"
+            in ended_inside.format_summary())
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
