@@ -117,6 +117,11 @@ def _require_optimizer_parameters(argument, variables, parameters):
     its i-th parameter, so another order (a group-parameter optimizer lists its groups in turn) would update
     each parameter with another one's gradient."""
     if [id(variable) for variable in variables] != [id(parameter) for parameter in parameters]:
+        if variables and not any(isinstance(variable, Parameter) for variable in variables):
+            raise ValueError(f"the variables of '{argument}' are plain Tensors, not the inner optimizer's "
+                             f"Parameters, so their order cannot be checked (mindspore.jit(capture_mode='bytecode') "
+                             f"passes Parameters as Tensors). Pass the gradients alone, in the order of "
+                             f"opt.parameters, or compile with the default capture_mode='ast'.")
         given = [getattr(variable, "name", type(variable).__name__) for variable in variables]
         expected = [parameter.name for parameter in parameters]
         raise ValueError(f"'{argument}' must be the inner optimizer's parameters, in order (a MindSpore optimizer is "

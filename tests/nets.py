@@ -194,8 +194,8 @@ def reference_weight():
 
 class ReferenceRun:
     """The bias-free Dense of :func:`reference_weight` trained with MSE in one ``mindspore.jit`` step (called
-    eagerly with ``compiled=False``): ``apply(grads)`` on the gradients of ``scale_loss(loss)`` with respect
-    to ``parameters``."""
+    eagerly with ``compiled=False``; ``compiled="bytecode"`` compiles with that ``capture_mode``):
+    ``apply(grads)`` on the gradients of ``scale_loss(loss)`` with respect to ``parameters``."""
 
     def __init__(self, net, scale_loss, parameters, apply, compiled=True):
         self.net = net
@@ -210,7 +210,10 @@ class ReferenceRun:
             _, grads = grad_fn(x, y)
             return apply(grads)
 
-        self.train_step = ms.jit(train_step) if compiled else train_step
+        if compiled == "bytecode":
+            self.train_step = ms.jit(train_step, capture_mode="bytecode")
+        else:
+            self.train_step = ms.jit(train_step) if compiled else train_step
 
     def iteration(self, x, y):
         """One step on numpy ``x, y``; True if it was skipped."""
