@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from mindspore import Tensor
+from mindspore.common import dtype as mstype
 
 from lossscale._parameters import write_parameter
 from lossscale._validation import check_int_in_range
@@ -116,6 +117,7 @@ def restore_loss_scale(cell, param_dict):
         >>> "scale_sense" in restore_loss_scale(resumed, checkpoint), resumed.get_loss_scale()
         (True, 16384.0)
     """
+    _check_restore_arguments(cell, param_dict)
     own = {parameter.name: parameter for parameter in cell.get_parameters() if is_loss_scale_state(parameter.name)}
     wanted = {name: value for name, value in param_dict.items() if name in own}
     wanted.update(_from_mindspore_counters(cell, param_dict))
@@ -135,12 +137,36 @@ def restore_loss_scale(cell, param_dict):
     return sorted(wanted)
 
 
+def _check_restore_arguments(cell, param_dict):
+    """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict (was an AttributeError)."""
+    from lossscale.train_cell import TrainOneStepWithLossScaleCell  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(cell, TrainOneStepWithLossScaleCell):
+        raise TypeError(f"'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got {type(cell).__name__}: "
+                        f"load a bare network's weights with mindspore.load_param_into_net.")
+    if not isinstance(param_dict, dict):
+        raise TypeError(f"'param_dict' must be a dict of Parameter names to values (what mindspore.load_checkpoint "
+                        f"returns), but got {type(param_dict).__name__}.")
+
+
 def _checkpoint_array(name, value, parameter):
-    """A checkpoint entry as an array of ``parameter``'s shape, or ``ValueError`` (nothing written yet)."""
+    """A checkpoint entry as an array of ``parameter``'s shape, numeric, and whole numbers for an integer Parameter;
+    else ``TypeError``/``ValueError`` (nothing written yet: a later failure would leave a partial load)."""
     array = _array_of(value)
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise TypeError(f"the checkpoint's {name!r} must hold numbers, but got {value!r} of type "
+                        f"{type(value).__name__}.")
     if array.shape != tuple(parameter.shape):
         raise ValueError(f"the checkpoint's {name!r} has shape {array.shape}, but this train cell's has shape "
                          f"{tuple(parameter.shape)}: it was saved by another configuration.")
+    wanted = mstype.dtype_to_nptype(parameter.dtype)
+    if np.issubdtype(wanted, np.integer):
+        low, high = np.iinfo(wanted).min, np.iinfo(wanted).max
+        with np.errstate(invalid="ignore"):
+            whole = np.array_equal(array, np.trunc(array)) and bool(np.all((array >= low) & (array <= high)))
+        if not whole:  # a cast would truncate or wrap around, and the wrapped value could pass the range checks
+            raise ValueError(f"the checkpoint's {name!r} must hold whole numbers in [{low}, {high}] (the Parameter "
+                             f"is {parameter.dtype}), but got {array.tolist()!r}.")
     return array
 
 

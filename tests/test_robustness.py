@@ -279,6 +279,38 @@ def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
     assert all(np.array_equal(before[k], v) for k, v in snapshot(target).items())
 
 
+def _refusal_cases():
+    cell = _dynamic_cell()
+    int32 = "must hold whole numbers in \\[-2147483648, 2147483647\\] \\(the Parameter is Int32\\)"
+    return cell, [
+        ((cell, None), TypeError, "'param_dict' must be a dict of Parameter names to values.*got NoneType"),
+        ((cell, [("scale_sense", 8.0)]), TypeError, "'param_dict' must be a dict.*got list"),
+        ((cell.network, {"scale_sense": 8.0}), TypeError, "'cell' must be a lossscale.TrainOneStepWithLossScaleCell, "
+                                                          "but got WithLossCell"),
+        ((cell, {"loss_scale_good_steps": np.int32(1), "scale_sense": "8"}), TypeError,
+         "the checkpoint's 'scale_sense' must hold numbers, but got '8' of type str"),
+        ((cell, {"loss_scale_good_steps": np.float32(1.5)}), ValueError, int32 + ", but got 1.5"),
+        ((cell, {"loss_scale_good_steps": np.float32(np.nan)}), ValueError, int32 + ", but got nan"),
+        # 2**32 + 1 would wrap to 1 in int32, which the state check then accepted
+        ((cell, {"loss_scale_good_steps": np.int64(2**32 + 1)}), ValueError, int32 + ", but got 4294967297"),
+    ]
+
+
+def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_anything():
+    """Not a train cell, not a dict: a TypeError naming the argument (was an AttributeError). An entry that is not
+    a number, or a fractional, non-finite or out-of-range value for an integer counter: refused before anything
+    is written (a string was MindSpore's conversion error after the earlier entries were written; 1.5 was
+    truncated to 1, 2**32 + 1 wrapped to 1)."""
+    cell, cases = _refusal_cases()
+    before = snapshot(cell)
+    for arguments, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            restore_loss_scale(*arguments)
+        assert all(np.array_equal(before[k], v) for k, v in snapshot(cell).items()), pattern
+    assert restore_loss_scale(cell, {"loss_scale_good_steps": np.float64(1.0)}) == ["loss_scale_good_steps"]
+    assert cell.state_dict()["good_steps"] == 1  # a whole float is a count
+
+
 def _accumulating_cell(net=None):
     net = net or regression_net()
     return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
