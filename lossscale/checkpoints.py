@@ -60,6 +60,7 @@ def check_cell_state(cell):
     state it cannot train with: a scale that is not finite, not > 0 or outside the update cell's bounds, a
     fixed update cell whose scale was changed, counters outside their ranges. The message is the shared
     argument check's (the Parameter, its value, the allowed range) and what to do. One host sync."""
+    _check_train_cell(cell)
     scale = cell.get_loss_scale()
     try:
         positive_scale("scale_sense", scale)
@@ -137,13 +138,18 @@ def restore_loss_scale(cell, param_dict):
     return sorted(wanted)
 
 
-def _check_restore_arguments(cell, param_dict):
-    """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict (was an AttributeError)."""
+def _check_train_cell(cell):
+    """TypeError unless ``cell`` is a lossscale train cell (was an AttributeError on one of its attributes)."""
     from lossscale.train_cell import TrainOneStepWithLossScaleCell  # pylint: disable=import-outside-toplevel
 
     if not isinstance(cell, TrainOneStepWithLossScaleCell):
         raise TypeError(f"'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got {type(cell).__name__}: "
-                        f"load a bare network's weights with mindspore.load_param_into_net.")
+                        f"a bare network's weights load with mindspore.load_param_into_net.")
+
+
+def _check_restore_arguments(cell, param_dict):
+    """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict (was an AttributeError)."""
+    _check_train_cell(cell)
     if not isinstance(param_dict, dict):
         raise TypeError(f"'param_dict' must be a dict of Parameter names to values (what mindspore.load_checkpoint "
                         f"returns), but got {type(param_dict).__name__}.")
@@ -219,6 +225,7 @@ def checkpoint_choice(cell):
     sums and are kept, so that resuming there is exact. The window position is read now (one host
     sync): build the function right before saving. Without accumulation it keeps everything.
     """
+    _check_train_cell(cell)
     at_boundary = cell.accumulation is None or _count(cell.accumulation.micro_step) == 0
 
     def choose(name):

@@ -10,7 +10,7 @@ from mindspore.common import dtype as mstype
 from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, GradScaler,
                        LossScaleOptimizer, Model, PersistentOverflowError, TrainOneStepWithLossScaleCell,
                        build_train_network)
-from lossscale.checkpoints import restore_loss_scale
+from lossscale.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
 from nets import (Float64Regression, PlainSGD, regression_batches, regression_net, snapshot, train_calls,
                   training_state)
 
@@ -307,6 +307,10 @@ def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_any
         with pytest.raises(error, match=pattern):
             restore_loss_scale(*arguments)
         assert all(np.array_equal(before[k], v) for k, v in snapshot(cell).items()), pattern
+    for public in (check_cell_state, checkpoint_choice):
+        with pytest.raises(TypeError, match="'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got "
+                                            "WithLossCell"):
+            public(cell.network)
     assert restore_loss_scale(cell, {"loss_scale_good_steps": np.float64(1.0)}) == ["loss_scale_good_steps"]
     assert cell.state_dict()["good_steps"] == 1  # a whole float is a count
 
