@@ -338,6 +338,7 @@ def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> Lo
         >>> update(p, initial_state(p), overflow=False).scale
         8.0
     """
+    _check_update_arguments(policy, state, overflow)
     if overflow:
         if state.hysteresis_left > 1:
             return LossScaleState(scale=state.scale, good_steps=0, hysteresis_left=state.hysteresis_left - 1)
@@ -351,6 +352,19 @@ def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> Lo
     return replace(state, good_steps=good_steps, hysteresis_left=hysteresis_left)
 
 
+def _check_update_arguments(policy, state, overflow):
+    """TypeError unless ``policy``, ``state`` and ``overflow`` have their types (a NumPy bool is a bool), and
+    ValueError (:func:`check_state`) unless ``state`` is reachable under ``policy``: the rule would otherwise run
+    on a flag such as ``"no"`` (truthy) or a state no cell can hold."""
+    if not isinstance(policy, LossScalePolicy):
+        raise TypeError(f"'policy' must be a LossScalePolicy, but got {type(policy).__name__}.")
+    if not isinstance(state, LossScaleState):
+        raise TypeError(f"'state' must be a LossScaleState, but got {type(state).__name__}.")
+    if not isinstance(overflow, (bool, np.bool_)):
+        raise TypeError(f"'overflow' must be a bool, but got {overflow!r} of type {type(overflow).__name__}.")
+    check_state(policy, state)
+
+
 def run(policy: LossScalePolicy, overflows: Iterable[bool],
         state: Optional[LossScaleState] = None) -> List[LossScaleState]:
     """Apply :func:`update` for each overflow flag; return the state after every step.
@@ -362,6 +376,6 @@ def run(policy: LossScalePolicy, overflows: Iterable[bool],
     state = initial_state(policy) if state is None else state
     trajectory = []
     for overflow in overflows:
-        state = update(policy, state, bool(overflow))
+        state = update(policy, state, overflow)
         trajectory.append(state)
     return trajectory

@@ -139,6 +139,30 @@ def test_check_state_rejects_unreachable_states(state, field):
         check_state(LossScalePolicy(growth_interval=4, hysteresis=2), state)
 
 
+_POLICY = LossScalePolicy(init_scale=8.0, growth_interval=2)
+
+
+@pytest.mark.parametrize("arguments, error, pattern", [
+    ((None, LossScaleState(scale=8.0), True), TypeError, "'policy' must be a LossScalePolicy, but got NoneType"),
+    ((_POLICY, None, True), TypeError, "'state' must be a LossScaleState, but got NoneType"),
+    ((_POLICY, LossScaleState(scale=8.0), "no"), TypeError, "'overflow' must be a bool, but got 'no' of type str"),
+    ((_POLICY, LossScaleState(scale=8.0), 1), TypeError, "'overflow' must be a bool, but got 1 of type int"),
+    ((_POLICY, LossScaleState(scale=8.0, good_steps=5), False), ValueError, "state.good_steps"),
+    ((_POLICY, LossScaleState(scale=float("nan")), False), ValueError, "state.scale"),
+])
+def test_update_refuses_what_no_step_can_be(arguments, error, pattern):
+    """The specification ran on anything: a flag "no" (truthy) backed off, a state past the growth window grew, an
+    AttributeError for a missing state. Now each is refused, naming the argument."""
+    with pytest.raises(error, match=pattern):
+        update(*arguments)
+
+
+def test_run_takes_bools_and_numpy_bools_only():
+    assert [s.scale for s in run(_POLICY, np.array([True, False, False]))] == [4.0, 4.0, 8.0]
+    with pytest.raises(TypeError, match="'overflow' must be a bool, but got 'T' of type str"):
+        run(_POLICY, "TF")  # was two overflows, one per character
+
+
 def test_check_state_accepts_the_float32_floor_the_rule_reaches():
     """A floor that float32 rounds down (0.7 -> 0.69999999) is a state the rule reaches; a hair below is not."""
     policy = LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7)
