@@ -93,6 +93,8 @@ class LossScaleMonitor(Callback):
             next call continues the window; a checkpoint keeps them). The summary says so.
 
     Host syncs: one per call (the outputs read together, plus the micro step under accumulation).
+    In dataset sink mode (GPU, Ascend) MindSpore calls it once per sink: a row is then the last of
+    ``sink_size`` steps, and only :attr:`device_counters` count every step.
 
     Example:
         >>> monitor = LossScaleMonitor(print_summary=False)
