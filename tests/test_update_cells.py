@@ -7,7 +7,7 @@ from mindspore import Parameter, Tensor, nn
 from mindspore.common import dtype as mstype
 
 from conftest import UpdateCellDriver
-from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, TrainOneStepWithLossScaleCell
 from lossscale.policy import LossScaleState, initial_state, run
 
 # Policies compiled once for the whole module (MindSpore compiles each new Cell).
@@ -188,8 +188,6 @@ def test_fixed_cell_rejects_non_positive_scale():
 def test_window_open_follows_the_adopting_train_cells_accumulation_window():
     """window_open() (what the manager uses to count bad_step per optimizer step) is True exactly after a call
     that ended inside an accumulation window; a later adopter without accumulation unbinds the window."""
-    from lossscale import TrainOneStepWithLossScaleCell  # pylint: disable=import-outside-toplevel
-
     cell = DynamicLossScaleUpdateCell(loss_scale_value=8.0, scale_factor=2, scale_window=100)
     assert cell.window_open() is False  # not adopted
     net = nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss())
