@@ -175,10 +175,10 @@ class LossScaleMonitor(Callback):
         window = _accumulation_window(train_network)
         accumulated = 0 if window is None else int(window[0].asnumpy())
         self.open_window = (accumulated, window[1]) if accumulated else None
+        if self.print_summary:  # first: a CSV that cannot be written must not cost the summary too
+            print(self.format_summary(), file=self.stream or sys.stdout)
         if self.csv_path:
             self.write_csv(self.csv_path)
-        if self.print_summary:
-            print(self.format_summary(), file=self.stream or sys.stdout)
 
     # ---- reporting -------------------------------------------------------------------------
     def summary(self):
@@ -221,8 +221,12 @@ class LossScaleMonitor(Callback):
                 f"micro-batches accumulated, not applied yet (the next call continues the window)")
 
     def write_csv(self, path):
-        """Write :attr:`records` as CSV with the columns :data:`FIELDS`."""
-        with open(_check_csv_path(path), "w", newline="", encoding="utf-8") as handle:
+        """Write :attr:`records` as CSV with the columns :data:`FIELDS`, creating the missing folders (as
+        MindSpore's ``ModelCheckpoint`` does for its directory)."""
+        folder = os.path.dirname(os.fspath(_check_csv_path(path)))
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(path, "w", newline="", encoding="utf-8") as handle:
             writer = csv.DictWriter(handle, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(self.records)

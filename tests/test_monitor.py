@@ -1,5 +1,6 @@
 """LossScaleMonitor: records, summary, CSV, and what it sees inside Model.train."""
 import csv
+import io
 
 import mindspore.dataset as ds
 import numpy as np
@@ -45,7 +46,7 @@ def test_monitor_inside_model_train(tmp_path, capsys):
     manager = DynamicLossScaleManager(init_loss_scale=2**8, scale_window=2)
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
                   nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=manager)
-    path = tmp_path / "steps.csv"
+    path = tmp_path / "runs" / "new" / "steps.csv"  # folders that do not exist yet: the end of training made them
     monitor = LossScaleMonitor(csv_path=str(path))
     model.train(2, data, callbacks=[monitor])
     flags = [r["overflow"] for r in monitor.records]
@@ -173,6 +174,17 @@ def test_one_row_per_optimizer_step_under_accumulation():
     assert ended_inside.records == [] and ended_inside.open_window == (1, 4)
     assert ("training ended inside an accumulation window: 1 of 4 micro-batches accumulated, not applied yet"
             in ended_inside.format_summary())
+
+
+def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
+    """The CSV was written before the summary was printed: a path that cannot be written (here a folder) raised at
+    the end of training and the summary was lost too. The summary comes first now; the records stay in memory."""
+    stream = io.StringIO()
+    monitor = LossScaleMonitor(csv_path=str(tmp_path), stream=stream)
+    monitor.record(1, 0.5, 1024.0, True, 512.0)
+    with pytest.raises(OSError):
+        monitor.on_train_end(_context(None, None))
+    assert "1 steps, 1 skipped" in stream.getvalue() and len(monitor.records) == 1
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
