@@ -18,16 +18,48 @@ from mindspore import Tensor
 from mindspore.train import Callback
 
 from lossscale._text import format_scale
-from lossscale._validation import check_bool
+from lossscale._validation import check_bool, check_finite_in_range, check_int_in_range
 
 FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "next_loss_scale")
 
 
-def _scalar(value):
-    """A Python float from a Tensor, numpy value or number."""
-    if hasattr(value, "asnumpy"):
-        value = value.asnumpy()
-    return float(np.asarray(value).reshape(-1)[0])
+def _array(name, value):
+    """``value`` (a Tensor, NumPy value or number) as a non-empty numeric NumPy array; TypeError naming ``name``."""
+    array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+    if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise TypeError(f"'{name}' must be a number or a Tensor of numbers, but got {value!r} of type "
+                        f"{type(value).__name__}.")
+    return array
+
+
+def _scalar(value, name="value"):
+    """A Python float from a one-value Tensor, NumPy value or number (one host sync for a Tensor)."""
+    array = _array(name, value)
+    if array.size != 1:
+        raise ValueError(f"'{name}' must hold one value, but got shape {array.shape}.")
+    return float(array.reshape(-1)[0])
+
+
+def _loss(value):
+    """The loss as a Python float: the mean of its values, as MindSpore's ``LossMonitor`` reads a loss that is not
+    a scalar (a per-sample loss); nan and inf stay."""
+    return float(np.mean(_array("loss", value), dtype=np.float64))
+
+
+def _overflow(value):
+    """An overflow flag: a bool, a NumPy bool or a one-value bool Tensor (a truthy string or None is refused)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    array = _array("overflow", value) if hasattr(value, "asnumpy") or isinstance(value, np.ndarray) else None
+    if array is None or array.dtype != np.bool_ or array.size != 1:
+        raise TypeError(f"'overflow' must be a bool (or a one-value bool Tensor), but got {value!r} of type "
+                        f"{type(value).__name__}.")
+    return bool(array.reshape(-1)[0])
+
+
+def _scale(name, value):
+    """A loss scale as a Python float, finite and > 0."""
+    return check_finite_in_range(name, _scalar(value, name), low=0.0, low_inclusive=False)
 
 
 def cell_loss_scale(train_network):
@@ -39,7 +71,7 @@ def cell_loss_scale(train_network):
     """
     scale = getattr(train_network, "scale_sense", None)
     if isinstance(scale, Tensor):
-        return _scalar(scale)
+        return _scalar(scale, "scale_sense")
     if isinstance(scale, numbers.Real):
         return float(scale)
     return None
@@ -117,12 +149,20 @@ class LossScaleMonitor(Callback):
 
     # ---- recording -------------------------------------------------------------------------
     def record(self, epoch, loss, loss_scale, overflow, next_loss_scale=None):
-        """Append one optimizer step (also usable from a custom training loop)."""
-        skipped = (self.records[-1]["skipped_steps"] if self.records else 0) + int(bool(overflow))
-        scale = _scalar(loss_scale)
-        self.records.append({"step": len(self.records) + 1, "epoch": int(epoch), "loss": _scalar(loss),
-                             "loss_scale": scale, "overflow": bool(overflow), "skipped_steps": skipped,
-                             "next_loss_scale": scale if next_loss_scale is None else _scalar(next_loss_scale)})
+        """Append one optimizer step (also usable from a custom training loop).
+
+        ``epoch`` an int >= 0; ``loss`` a number or Tensor (the mean of its values is recorded, as
+        MindSpore's ``LossMonitor`` does); ``loss_scale`` and ``next_loss_scale`` one finite value > 0;
+        ``overflow`` a bool or a one-value bool Tensor. Anything else is refused (``TypeError``/``ValueError``
+        naming the argument) and nothing is recorded.
+        """
+        epoch = check_int_in_range("epoch", epoch, low=0)
+        loss, overflow = _loss(loss), _overflow(overflow)
+        scale = _scale("loss_scale", loss_scale)
+        after = scale if next_loss_scale is None else _scale("next_loss_scale", next_loss_scale)
+        skipped = (self.records[-1]["skipped_steps"] if self.records else 0) + int(overflow)
+        self.records.append({"step": len(self.records) + 1, "epoch": epoch, "loss": loss, "loss_scale": scale,
+                             "overflow": overflow, "skipped_steps": skipped, "next_loss_scale": after})
 
     def on_train_begin(self, run_context):
         self._train_network = getattr(run_context.original_args(), "train_network", None)
@@ -135,7 +175,7 @@ class LossScaleMonitor(Callback):
         loss, overflow, after = self._read_outputs(params.net_outputs, train_network)
         window = _accumulation_window(train_network)
         if window is not None:
-            self._window_losses.append(_scalar(loss))
+            self._window_losses.append(_loss(loss))
             if int(window[0].asnumpy()) != 0:  # inside a window: its optimizer step comes later
                 return
             loss, self._window_losses = float(np.mean(self._window_losses)), []
@@ -148,8 +188,8 @@ class LossScaleMonitor(Callback):
         """``(loss, overflow, scale after the step)`` from the outputs, completed from the cell."""
         if isinstance(outputs, (tuple, list)):
             loss = outputs[0]
-            overflow = bool(_scalar(outputs[1])) if len(outputs) >= 2 else False
-            scale = _scalar(outputs[2]) if len(outputs) >= 3 else None
+            overflow = bool(_scalar(outputs[1], "overflow")) if len(outputs) >= 2 else False
+            scale = _scalar(outputs[2], "loss_scale") if len(outputs) >= 3 else None
         else:
             loss, overflow, scale = outputs, False, None
         if scale is None:

@@ -1,6 +1,7 @@
 """LossScaleMonitor: records, summary, CSV, and what it sees inside Model.train."""
 import csv
 import io
+import math
 
 import mindspore.dataset as ds
 import numpy as np
@@ -174,6 +175,38 @@ def test_one_row_per_optimizer_step_under_accumulation():
     assert ended_inside.records == [] and ended_inside.open_window == (1, 4)
     assert ("training ended inside an accumulation window: 1 of 4 micro-batches accumulated, not applied yet"
             in ended_inside.format_summary())
+
+
+@pytest.mark.parametrize("arguments, error, pattern", [
+    ((1.5, 0.5, 8.0, False), TypeError, "'epoch' must be an int, but got 1.5"),  # was recorded as epoch 1
+    ((True, 0.5, 8.0, False), TypeError, "'epoch' must be an int, but got True"),
+    ((-1, 0.5, 8.0, False), ValueError, "'epoch' must be an int in \\[0, "),
+    ((1, None, 8.0, False), TypeError, "'loss' must be a number or a Tensor of numbers, but got None"),
+    ((1, "x", 8.0, False), TypeError, "'loss' must be a number or a Tensor of numbers, but got 'x'"),
+    ((1, 0.5, 8.0, "no"), TypeError, "'overflow' must be a bool .*but got 'no'"),  # was recorded as an overflow
+    ((1, 0.5, 8.0, None), TypeError, "'overflow' must be a bool .*but got None"),  # was recorded as clean
+    ((1, 0.5, 8.0, Tensor(np.array([True, False]))), TypeError, "'overflow' must be a bool"),
+    ((1, 0.5, -8.0, False), ValueError, "'loss_scale' must be a finite number in \\(0.0, "),
+    ((1, 0.5, float("nan"), False), ValueError, "'loss_scale' must be a finite number"),
+    ((1, 0.5, Tensor(np.ones(2, np.float32)), False), ValueError, "'loss_scale' must hold one value"),
+    ((1, 0.5, 8.0, False, 0.0), ValueError, "'next_loss_scale' must be a finite number in \\(0.0, "),
+])
+def test_record_refuses_what_is_not_a_step(arguments, error, pattern):
+    """record() (for custom loops) took anything: a fractional or bool epoch, a truthy string as an overflow, None
+    as a clean step, a negative or nan scale. Each is refused naming the argument; nothing is recorded."""
+    monitor = LossScaleMonitor(print_summary=False)
+    with pytest.raises(error, match=pattern):
+        monitor.record(*arguments)
+    assert monitor.records == []
+
+
+def test_a_loss_with_several_values_is_recorded_as_their_mean_as_mindspores_loss_monitor_does():
+    """A per-sample loss (reduction="none") was recorded as its first value."""
+    monitor = LossScaleMonitor(print_summary=False)
+    monitor.record(1, Tensor(np.array([1.0, 2.0, 6.0], np.float32)), 8.0, Tensor(np.array([False])))
+    monitor.record(1, np.float32(np.nan), 8.0, np.bool_(True))  # a non-finite loss is a loss too
+    assert [r["loss"] for r in monitor.records][0] == 3.0 and math.isnan(monitor.records[1]["loss"])
+    assert [r["overflow"] for r in monitor.records] == [False, True]
 
 
 def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
