@@ -18,7 +18,7 @@ from mindspore import Tensor
 from mindspore.train import Callback
 
 from lossscale._text import format_scale
-from lossscale._validation import check_bool, check_finite_in_range, check_int_in_range
+from lossscale._validation import check_bool, check_int_in_range
 
 FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "next_loss_scale")
 
@@ -58,8 +58,12 @@ def _overflow(value):
 
 
 def _scale(name, value):
-    """A loss scale as a Python float, finite and > 0."""
-    return check_finite_in_range(name, _scalar(value, name), low=0.0, low_inclusive=False)
+    """A loss scale as a Python float >= 0: what a train cell can hold, 0 (a rule without a floor) and inf
+    (MindSpore's own cell grows to it) included, since the callback records what it sees; nan or < 0 refused."""
+    scale = _scalar(value, name)
+    if not scale >= 0.0:
+        raise ValueError(f"'{name}' must be a loss scale, a number >= 0 (inf included), but got {scale!r}.")
+    return scale
 
 
 def cell_loss_scale(train_network):
@@ -152,7 +156,8 @@ class LossScaleMonitor(Callback):
         """Append one optimizer step (also usable from a custom training loop).
 
         ``epoch`` an int >= 0; ``loss`` a number or Tensor (the mean of its values is recorded, as
-        MindSpore's ``LossMonitor`` does); ``loss_scale`` and ``next_loss_scale`` one finite value > 0;
+        MindSpore's ``LossMonitor`` does); ``loss_scale`` and ``next_loss_scale`` one value >= 0 (inf included:
+        MindSpore's own cell grows to it);
         ``overflow`` a bool or a one-value bool Tensor. Anything else is refused (``TypeError``/``ValueError``
         naming the argument) and nothing is recorded.
         """

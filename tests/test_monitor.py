@@ -186,10 +186,11 @@ def test_one_row_per_optimizer_step_under_accumulation():
     ((1, 0.5, 8.0, "no"), TypeError, "'overflow' must be a bool .*but got 'no'"),  # was recorded as an overflow
     ((1, 0.5, 8.0, None), TypeError, "'overflow' must be a bool .*but got None"),  # was recorded as clean
     ((1, 0.5, 8.0, Tensor(np.array([True, False]))), TypeError, "'overflow' must be a bool"),
-    ((1, 0.5, -8.0, False), ValueError, "'loss_scale' must be a finite number in \\(0.0, "),
-    ((1, 0.5, float("nan"), False), ValueError, "'loss_scale' must be a finite number"),
+    ((1, 0.5, -8.0, False), ValueError, "'loss_scale' must be a loss scale, a number >= 0 \\(inf included\\), "
+                                        "but got -8.0"),
+    ((1, 0.5, float("nan"), False), ValueError, "'loss_scale' must be a loss scale.*but got nan"),
     ((1, 0.5, Tensor(np.ones(2, np.float32)), False), ValueError, "'loss_scale' must hold one value"),
-    ((1, 0.5, 8.0, False, 0.0), ValueError, "'next_loss_scale' must be a finite number in \\(0.0, "),
+    ((1, 0.5, 8.0, False, -1.0), ValueError, "'next_loss_scale' must be a loss scale"),
 ])
 def test_record_refuses_what_is_not_a_step(arguments, error, pattern):
     """record() (for custom loops) took anything: a fractional or bool epoch, a truthy string as an overflow, None
@@ -200,13 +201,16 @@ def test_record_refuses_what_is_not_a_step(arguments, error, pattern):
     assert monitor.records == []
 
 
-def test_a_loss_with_several_values_is_recorded_as_their_mean_as_mindspores_loss_monitor_does():
-    """A per-sample loss (reduction="none") was recorded as its first value."""
+def test_record_takes_the_mean_of_a_loss_and_every_scale_a_cell_can_hold():
+    """A per-sample loss (reduction="none") was recorded as its first value; the scales a cell can show (inf from
+    MindSpore's own cell, 0 from a rule without floor) are recorded as they are, not refused mid-training."""
     monitor = LossScaleMonitor(print_summary=False)
     monitor.record(1, Tensor(np.array([1.0, 2.0, 6.0], np.float32)), 8.0, Tensor(np.array([False])))
     monitor.record(1, np.float32(np.nan), 8.0, np.bool_(True))  # a non-finite loss is a loss too
+    monitor.record(1, 0.5, float("inf"), True, 0.0)  # MindSpore's own cell grows to inf; a rule without floor hits 0
     assert [r["loss"] for r in monitor.records][0] == 3.0 and math.isnan(monitor.records[1]["loss"])
-    assert [r["overflow"] for r in monitor.records] == [False, True]
+    assert [r["overflow"] for r in monitor.records] == [False, True, True]
+    assert (monitor.records[2]["loss_scale"], monitor.records[2]["next_loss_scale"]) == (float("inf"), 0.0)
 
 
 def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
