@@ -23,18 +23,19 @@ from lossscale._validation import check_bool, check_int_in_range
 FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "next_loss_scale")
 
 
-def _array(name, value):
-    """``value`` (a Tensor, NumPy value or number) as a non-empty numeric NumPy array; TypeError naming ``name``."""
+def _array(name, value, allow_bool=False):
+    """``value`` (a Tensor, NumPy value or number) as a non-empty numeric NumPy array (bools only if
+    ``allow_bool``: a flag); TypeError naming ``name``."""
     array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
-    if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+    if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or (allow_bool and array.dtype == np.bool_)):
         raise TypeError(f"'{name}' must be a number or a Tensor of numbers, but got {value!r} of type "
                         f"{type(value).__name__}.")
     return array
 
 
-def _scalar(value, name="value"):
+def _scalar(value, name="value", allow_bool=False):
     """A Python float from a one-value Tensor, NumPy value or number (one host sync for a Tensor)."""
-    array = _array(name, value)
+    array = _array(name, value, allow_bool)
     if array.size != 1:
         raise ValueError(f"'{name}' must hold one value, but got shape {array.shape}.")
     return float(array.reshape(-1)[0])
@@ -50,7 +51,7 @@ def _overflow(value):
     """An overflow flag: a bool, a NumPy bool or a one-value bool Tensor (a truthy string or None is refused)."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    array = _array("overflow", value) if hasattr(value, "asnumpy") or isinstance(value, np.ndarray) else None
+    array = _array("overflow", value, True) if hasattr(value, "asnumpy") or isinstance(value, np.ndarray) else None
     if array is None or array.dtype != np.bool_ or array.size != 1:
         raise TypeError(f"'overflow' must be a bool (or a one-value bool Tensor), but got {value!r} of type "
                         f"{type(value).__name__}.")
@@ -193,7 +194,7 @@ class LossScaleMonitor(Callback):
         """``(loss, overflow, scale after the step)`` from the outputs, completed from the cell."""
         if isinstance(outputs, (tuple, list)):
             loss = outputs[0]
-            overflow = bool(_scalar(outputs[1], "overflow")) if len(outputs) >= 2 else False
+            overflow = bool(_scalar(outputs[1], "overflow", True)) if len(outputs) >= 2 else False
             scale = _scalar(outputs[2], "loss_scale") if len(outputs) >= 3 else None
         else:
             loss, overflow, scale = outputs, False, None

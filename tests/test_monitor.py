@@ -183,6 +183,8 @@ def test_one_row_per_optimizer_step_under_accumulation():
     ((-1, 0.5, 8.0, False), ValueError, "'epoch' must be an int in \\[0, "),
     ((1, None, 8.0, False), TypeError, "'loss' must be a number or a Tensor of numbers, but got None"),
     ((1, "x", 8.0, False), TypeError, "'loss' must be a number or a Tensor of numbers, but got 'x'"),
+    ((1, True, 8.0, False), TypeError, "'loss' must be a number or a Tensor of numbers, but got True"),
+    ((1, 0.5, True, False), TypeError, "'loss_scale' must be a number or a Tensor of numbers, but got True"),
     ((1, 0.5, 8.0, "no"), TypeError, "'overflow' must be a bool .*but got 'no'"),  # was recorded as an overflow
     ((1, 0.5, 8.0, None), TypeError, "'overflow' must be a bool .*but got None"),  # was recorded as clean
     ((1, 0.5, 8.0, Tensor(np.array([True, False]))), TypeError, "'overflow' must be a bool"),
