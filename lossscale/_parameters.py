@@ -11,6 +11,17 @@ from mindspore import Tensor, ops
 from mindspore.ops import functional as F
 
 
+def host_array(value):
+    """``value`` (a Tensor or Parameter, a NumPy value or a Python number) as a NumPy array, one host sync for a
+    Tensor. The array may share the Tensor's buffer: copy it to keep a value across a later write.
+
+    Example:
+        >>> host_array(Tensor(np.array([3], np.int32))).tolist(), host_array(2.5).tolist()
+        ([3], 2.5)
+    """
+    return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+
+
 def write_parameter(parameter, value):
     """Write ``value`` into ``parameter`` in place (same shape and dtype; no graph rebuild, one host sync).
 
@@ -20,8 +31,7 @@ def write_parameter(parameter, value):
         >>> write_parameter(p, 3.0); float(p.asnumpy())
         3.0
     """
-    array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
-    ops.assign(parameter, Tensor(np.array(np.broadcast_to(array, parameter.shape)), parameter.dtype))
+    ops.assign(parameter, Tensor(np.array(np.broadcast_to(host_array(value), parameter.shape)), parameter.dtype))
 
 
 def outside_graph(parameter):

@@ -21,7 +21,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common import dtype as mstype
 
-from lossscale._parameters import write_parameter
+from lossscale._parameters import host_array, write_parameter
 from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
 from lossscale.policy import check_state
@@ -41,14 +41,9 @@ def is_loss_scale_state(name):
     return name == "scale_sense" or name.startswith("loss_scale_") or name in MINDSPORE_COUNTERS
 
 
-def _array_of(value):
-    """A Parameter's, Tensor's or checkpoint entry's value as a NumPy array (one host sync)."""
-    return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
-
-
 def _count(parameter):
     """A scalar int Parameter's (or checkpoint entry's) value as a Python int (one host sync)."""
-    return int(_array_of(parameter).reshape(-1)[0])
+    return int(host_array(parameter).reshape(-1)[0])
 
 
 _FOREIGN_STATE = ("The loaded state does not belong to this train cell's configuration: load a checkpoint written by "
@@ -158,7 +153,7 @@ def _check_restore_arguments(cell, param_dict):
 def _checkpoint_array(name, value, parameter):
     """A checkpoint entry as an array of ``parameter``'s shape, numeric, and whole numbers for an integer Parameter;
     else ``TypeError``/``ValueError`` (nothing written yet: a later failure would leave a partial load)."""
-    array = _array_of(value)
+    array = host_array(value)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise TypeError(f"the checkpoint's {name!r} must hold numbers, but got {value!r} of type "
                         f"{type(value).__name__}.")

@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.train import Callback
 
+from lossscale._parameters import host_array
 from lossscale._text import format_scale
 from lossscale._validation import check_bool, check_int_in_range
 
@@ -26,7 +27,7 @@ FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "n
 def _array(name, value, allow_bool=False):
     """``value`` (a Tensor, NumPy value or number) as a non-empty numeric NumPy array (bools only if
     ``allow_bool``: a flag); TypeError naming ``name``."""
-    array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+    array = host_array(value)
     if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or (allow_bool and array.dtype == np.bool_)):
         raise TypeError(f"'{name}' must be a number or a Tensor of numbers, but got {value!r} of type "
                         f"{type(value).__name__}.")

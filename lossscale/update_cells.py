@@ -12,7 +12,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale._parameters import read_scalar, write_parameter
+from lossscale._parameters import host_array, read_scalar, write_parameter
 from lossscale._validation import check_real, positive_float32, read_only
 from lossscale.policy import (FLOAT32_TINY, LossScaleState, check_state, initial_state, policy_extensions,
                               policy_from_mindspore_arguments, state_dict_values, state_from_dict)
@@ -112,7 +112,7 @@ def mindspore_good_steps(current_step, last_overflow_step):
         >>> mindspore_good_steps(Tensor(np.array([7], np.int32)), Tensor(np.array([4], np.int32)))
         2
     """
-    current, last = (int(np.asarray(step.asnumpy()).reshape(-1)[0]) for step in (current_step, last_overflow_step))
+    current, last = (int(host_array(step).reshape(-1)[0]) for step in (current_step, last_overflow_step))
     return current - last - 1
 
 
