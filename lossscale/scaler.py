@@ -370,11 +370,29 @@ class LossScaler(nn.Cell):
         return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
 
     def set_scale(self, value):
-        """Write a new scale (finite, > 0, finite reciprocal; host to device, no graph rebuild)."""
+        """Write a new scale (host to device, no graph rebuild): :meth:`checked_scale` first, so a dynamic rule's
+        bounds hold (the state is then one :meth:`load_state_dict` accepts)."""
         if self.frozen:
             raise ValueError("this loss scale is frozen (a graph constant): it cannot be changed.")
-        scale = positive_scale("scale", value)
-        write_parameter(self.scale_value, scale)
+        write_parameter(self.scale_value, self.checked_scale(value))
+
+    def checked_scale(self, value, argument="scale"):
+        """``value`` (a number or a one-value Tensor) as a float32 NumPy scalar if it can be the scale: finite, > 0,
+        with a finite reciprocal, and for a dynamic rule of ours within its ``[min_scale, max_scale]``; else a
+        ``ValueError`` (``TypeError`` for a non-number) naming ``argument``. Host only, no sync but a Tensor's read.
+
+        Example:
+            >>> LossScaler(LossScalePolicy(init_scale=8.0, max_scale=16.0)).checked_scale(32.0)
+            Traceback (most recent call last):
+            ...
+            ValueError: 'scale' must be within the update cell's [min_loss_scale, max_loss_scale] = [1.0, 16.0], but got 32.0.
+        """
+        scale = positive_scale(argument, value)
+        policy = self.policy
+        if isinstance(self.update_cell, DynamicLossScaleUpdateCell) and not policy.floor <= scale <= policy.ceiling:
+            raise ValueError(f"'{argument}' must be within the update cell's [min_loss_scale, max_loss_scale] = "
+                             f"[{policy.floor!r}, {policy.ceiling!r}], but got {float(scale)!r}.")
+        return scale
 
     def set_rule(self, policy=None, state=None, dynamic=None):
         """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic."""

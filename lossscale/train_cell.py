@@ -39,7 +39,7 @@ from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounter
 from lossscale.checkpoints import check_cell_state, checkpoint_choice
 from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.running_statistics import RunningStatistics
-from lossscale.scaler import LossScaler, check_optimizer_loss_scale, positive_scale
+from lossscale.scaler import LossScaler, check_optimizer_loss_scale
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
 
 
@@ -221,7 +221,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             raise TypeError(f"'sens' must be a Tensor, but got {type(sens).__name__}.")
         if sens.shape != self.scale_sense.shape:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
-        value = float(positive_scale("sens", sens))
+        value = float(self.loss_scaler.checked_scale(sens, "sens"))
         if self.optimizer_unscales:
             raise ValueError("'set_sense_scale' cannot change the scale: the optimizer was built with "
                              "loss_scale equal to the fixed scale and divides by it.")
@@ -229,11 +229,6 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if isinstance(cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
             raise ValueError(f"'set_sense_scale' cannot change the scale of a {type(cell).__name__}, which fixes it at "
                              f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead.")
-        if isinstance(cell, DynamicLossScaleUpdateCell):
-            policy = cell.policy
-            if not policy.floor <= value <= policy.ceiling:
-                raise ValueError(f"'sens' must be within the update cell's [min_loss_scale, max_loss_scale] = "
-                                 f"[{policy.floor!r}, {policy.ceiling!r}], but got {value!r}.")
         self.loss_scaler.set_scale(sens)
 
     def get_loss_scale(self):

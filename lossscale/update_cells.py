@@ -13,9 +13,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._parameters import host_array, read_scalar, write_parameter
-from lossscale._validation import check_real, positive_float32, read_only
-from lossscale.policy import (FLOAT32_TINY, LossScaleState, check_state, initial_state, policy_extensions,
-                              policy_from_mindspore_arguments, state_dict_values, state_from_dict)
+from lossscale._validation import check_bool, check_real, positive_float32, read_only
+from lossscale.policy import (FLOAT32_TINY, LossScalePolicy, LossScaleState, check_state, initial_state,
+                              policy_extensions, policy_from_mindspore_arguments, state_dict_values, state_from_dict)
 
 
 # The policy fields whose numbers the cell holds as they are (min/max are held rounded to float32).
@@ -239,6 +239,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         Used by :class:`lossscale.GradScaler`, whose setters must reach a compiled step. With
         ``dynamic`` False the cell leaves the scale and counters unchanged (a fixed scale).
         """
+        check_bool("dynamic", dynamic)
         for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window",
                      "_full_hysteresis"):
             value = getattr(self, name)
@@ -268,7 +269,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """Turn the update on or off (a cell whose rule is held in Parameters only)."""
         if not self._switchable:
             raise RuntimeError("set_dynamic() needs hold_rule_in_parameters() first.")
-        write_parameter(self._dynamic, bool(dynamic))
+        write_parameter(self._dynamic, check_bool("dynamic", dynamic))
 
     def set_policy(self, policy, state=None):
         """Switch to ``policy`` (same structural flags) keeping, or replacing with ``state``, the state.
@@ -278,6 +279,9 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """
         if not self._switchable:
             raise RuntimeError("set_policy() needs hold_rule_in_parameters() first.")
+        if not isinstance(policy, LossScalePolicy):
+            raise TypeError(f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), but got "
+                            f"{type(policy).__name__}.")
         if (policy.consecutive_hysteresis, policy.refill_hysteresis_on_backoff) != (
                 self.policy.consecutive_hysteresis, self.policy.refill_hysteresis_on_backoff):
             raise ValueError("'policy' must keep the hysteresis mode of this update cell "

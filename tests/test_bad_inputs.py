@@ -220,6 +220,41 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
     assert core.get_scale() == 16.0  # backed off to 4, then grew after each clean step
 
 
+BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)
+CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0], "set_rule": [("policy", "pytorch"), ("policy", 2.0**16),
+                                                                     ("dynamic", "no"), ("dynamic", 1), ("dynamic", None)]}
+
+
+@pytest.mark.parametrize("method, value", _sweep(CORE_SETTINGS), ids=_ids(_sweep(CORE_SETTINGS)))
+def test_loss_scaler_settings_are_checked_and_change_nothing(method, value):
+    """The core's host setters: a scale outside a dynamic rule's [min, max] (a state its own load_state_dict would
+    then refuse) was written; set_rule(dynamic="no") turned the rule on (truthy), set_rule(policy="pytorch") was an
+    AttributeError. A None switch is a refusal too, once it reaches the update cell."""
+    core = LossScaler(BOUNDED_RULE, name="settings_checked", mutable_rule=True)
+    before = core.state_dict()
+    if method == "set_scale":
+        _refused(lambda: core.set_scale(value), "scale", value)
+    else:
+        argument, bad = value
+        call = {"policy": lambda: core.set_rule(policy=bad),
+                "dynamic": lambda: core.update_cell.set_dynamic(bad)}[argument]
+        _refused(call, argument, bad)
+        if argument == "dynamic" and bad is not None:
+            _refused(lambda: core.set_rule(dynamic=bad), argument, bad)
+            _refused(lambda: DynamicLossScaleUpdateCell(8.0, 2, 10).hold_rule_in_parameters(bad), argument, bad)
+    assert core.state_dict() == before and core.dynamic
+
+
+def test_loss_scaler_scale_set_within_the_rule_loads_back():
+    core = LossScaler(BOUNDED_RULE, name="settings_round_trip")
+    for value in (2.0, 16.0, Tensor(np.float32(4.0))):
+        core.set_scale(value)
+        other = LossScaler(BOUNDED_RULE, name="settings_round_trip_other")
+        other.load_state_dict(core.state_dict())
+        assert other.state_dict() == core.state_dict() == {"loss_scale": float(value), "good_steps": 0,
+                                                          "hysteresis_left": 1}
+
+
 OPTIMIZER_STATES = {"name": ["", "a b", 3, None], "capacity": BAD_COUNTS}
 
 
