@@ -5,10 +5,11 @@ import weakref
 _OWNERS = weakref.WeakValueDictionary()
 
 
-def check_name(name):
-    """``name`` if it can prefix Parameter names: a non-empty str of letters, digits, '_' and '.'."""
+def check_name(name, argument="name"):
+    """``name`` if it can prefix Parameter names: a non-empty str of letters, digits, '_' and '.'; else a
+    ValueError naming ``argument``."""
     if not isinstance(name, str) or not name or not name.replace("_", "a").replace(".", "a").isalnum():
-        raise ValueError(f"'name' must be a non-empty str of letters, digits, '_' and '.', but got {name!r}.")
+        raise ValueError(f"'{argument}' must be a non-empty str of letters, digits, '_' and '.', but got {name!r}.")
     return name
 
 

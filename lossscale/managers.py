@@ -9,12 +9,32 @@ the network in a train cell. From then on the device holds the truth:
 applied twice.
 """
 import numpy as np
+from mindspore import Tensor
 from mindspore.amp import LossScaleManager
 
+from lossscale._parameters import host_array
 from lossscale._validation import check_bool, check_finite_in_range, read_only
 from lossscale.bookkeeping import PersistentOverflowError
 from lossscale.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+
+
+def overflow_decision(overflow):
+    """``overflow`` (what ``update_loss_scale`` is given) as a Python bool: a bool, a NumPy bool, or a bool Tensor or
+    array, True if all its values are (MindSpore's ``Model`` passes ``np.all`` of the train cell's flag). Anything
+    else is a TypeError: MindSpore's manager reads any truthy value (1, ``"no"``) as an overflow and None as a
+    clean step.
+
+    Example:
+        >>> overflow_decision(np.array([True, True])), overflow_decision(False)
+        (True, False)
+    """
+    array = host_array(overflow) if isinstance(overflow, (bool, np.bool_, np.ndarray, Tensor)) else None
+    if array is None or array.dtype != np.bool_ or array.size == 0:
+        shown = f"{array.dtype} values of shape {array.shape}" if array is not None else f"{overflow!r}"
+        raise TypeError(f"'overflow' must be a bool, or a bool Tensor or array (the train cell's flag), but got "
+                        f"{shown}.")
+    return bool(np.all(array))
 
 
 class FixedLossScaleManager(LossScaleManager):
@@ -47,7 +67,8 @@ class FixedLossScaleManager(LossScaleManager):
         return self._drop_overflow_update
 
     def update_loss_scale(self, overflow):
-        """Does nothing: the scale is fixed."""
+        """Does nothing: the scale is fixed (``overflow`` is checked as :func:`overflow_decision` does)."""
+        overflow_decision(overflow)
 
     def get_update_cell(self):
         """A :class:`FixedLossScaleUpdateCell` if ``drop_overflow_update`` else None (as MindSpore)."""
@@ -182,7 +203,7 @@ class DynamicLossScaleManager(LossScaleManager):
 
         Host syncs: one (the device state), two with accumulation (also the micro-step).
         """
-        overflow = bool(np.all(overflow))
+        overflow = overflow_decision(overflow)
         cell = self._device_cell()
         if cell is None:
             self._state = update(self.policy, self._state, overflow)

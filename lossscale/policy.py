@@ -238,6 +238,11 @@ def check_state(policy: LossScalePolicy, state: LossScaleState, names=("state.sc
         >>> check_state(LossScalePolicy(growth_interval=4), LossScaleState(scale=8.0, good_steps=3))
         LossScaleState(scale=8.0, good_steps=3, hysteresis_left=1)
     """
+    if not isinstance(policy, LossScalePolicy):
+        raise TypeError(f"'policy' must be a LossScalePolicy, but got {type(policy).__name__}.")
+    if not isinstance(state, LossScaleState):
+        raise TypeError(f"'state' must be a LossScaleState (state_from_dict reads a state dict), but got "
+                        f"{type(state).__name__}.")
     check_finite_in_range(names[0], state.scale, low=policy.floor, high=policy.ceiling)
     check_int_in_range(names[1], state.good_steps, low=0, high=policy.growth_interval - 1)
     check_int_in_range(names[2], state.hysteresis_left, low=1, high=policy.hysteresis)
@@ -353,13 +358,8 @@ def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> Lo
 
 
 def _check_update_arguments(policy, state, overflow):
-    """TypeError unless ``policy``, ``state`` and ``overflow`` have their types (a NumPy bool is a bool), and
-    ValueError (:func:`check_state`) unless ``state`` is reachable under ``policy``: the rule would otherwise run
-    on a flag such as ``"no"`` (truthy) or a state no cell can hold."""
-    if not isinstance(policy, LossScalePolicy):
-        raise TypeError(f"'policy' must be a LossScalePolicy, but got {type(policy).__name__}.")
-    if not isinstance(state, LossScaleState):
-        raise TypeError(f"'state' must be a LossScaleState, but got {type(state).__name__}.")
+    """TypeError unless ``overflow`` is a bool (a NumPy bool is one), then :func:`check_state`: the rule would
+    otherwise run on a flag such as ``"no"`` (truthy) or a state no cell can hold."""
     if not isinstance(overflow, (bool, np.bool_)):
         raise TypeError(f"'overflow' must be a bool, but got {overflow!r} of type {type(overflow).__name__}.")
     check_state(policy, state)

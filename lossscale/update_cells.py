@@ -12,6 +12,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
+from lossscale._naming import check_name
 from lossscale._parameters import host_array, read_scalar, write_parameter
 from lossscale._validation import check_bool, check_real, positive_float32, read_only
 from lossscale.policy import (FLOAT32_TINY, LossScalePolicy, LossScaleState, check_state, initial_state,
@@ -37,6 +38,14 @@ class _ScaleBinding:
         self.micro_step = None
 
 
+def _check_one_value_parameter(name, parameter):
+    """TypeError unless ``parameter`` is a Parameter (or, for a frozen scale, a Tensor) holding one value: anything
+    else would be accepted here and fail at the next read of the state."""
+    if not isinstance(parameter, Tensor) or parameter.size != 1:
+        shown = f"shape {parameter.shape}" if isinstance(parameter, Tensor) else type(parameter).__name__
+        raise TypeError(f"'{name}' must be a Parameter holding one value, but got {shown}.")
+
+
 class _UpdateCellBase(nn.Cell):
     """Shared plumbing: the initial scale and the binding to the train cell's scale Parameter."""
 
@@ -52,6 +61,7 @@ class _UpdateCellBase(nn.Cell):
         Called by :class:`lossscale.TrainOneStepWithLossScaleCell`; users need not call it. A new
         adopter starts without an accumulation window (see :meth:`bind_micro_step`).
         """
+        _check_one_value_parameter("parameter", parameter)
         self._binding.parameter = parameter
         self._binding.micro_step = None
 
@@ -60,6 +70,7 @@ class _UpdateCellBase(nn.Cell):
 
         Called by :class:`lossscale.TrainOneStepWithLossScaleCell` with ``accumulation_steps > 1``.
         """
+        _check_one_value_parameter("parameter", parameter)
         self._binding.micro_step = parameter
 
     def window_open(self):
@@ -229,6 +240,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
     def rename_parameters(self, prefix):
         """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
         rule's, once held in Parameters), so several cells can live in one graph. Call before compiling."""
+        check_name(prefix, "prefix")
         for attribute, parameter in self.parameters_and_names():
             parameter.name = f"{prefix}.{attribute.split('.')[-1].lstrip('_')}"
 
@@ -258,6 +270,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             >>> DynamicLossScaleUpdateCell(2**12, 2, 1000, hysteresis=2).rule_value("hysteresis")
             2
         """
+        if field not in _RULE_ATTRIBUTES:
+            raise ValueError(f"'field' must be one of {tuple(_RULE_ATTRIBUTES)}, but got {field!r}.")
         return read_scalar(getattr(self, _RULE_ATTRIBUTES[field]), host_value=getattr(self.policy, field))
 
     @property

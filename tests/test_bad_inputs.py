@@ -12,7 +12,7 @@ import re
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
@@ -97,6 +97,46 @@ def test_fixed_manager(name, value):
 @pytest.mark.parametrize("value", BAD_SCALES, ids=repr)
 def test_fixed_update_cell(value):
     _refused(lambda: FixedLossScaleUpdateCell(value), "loss_scale_value", value)
+
+
+BAD_OVERFLOW_FLAGS = [None, 1, 0, "no", 1.0, Tensor(np.float32(1.0)), Tensor(np.int32(0)), np.array([], np.bool_)]
+
+
+@pytest.mark.parametrize("manager", [DynamicLossScaleManager, FixedLossScaleManager], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("overflow", BAD_OVERFLOW_FLAGS, ids=repr)
+def test_manager_update_loss_scale_takes_a_bool_flag(manager, overflow):
+    """MindSpore's managers read any truthy value as an overflow (1, "no") and None as a clean step; ours counted
+    None as clean too and crashed on a string with NumPy's UFuncTypeError. A bool flag is needed, and nothing
+    changes on a refusal."""
+    made = manager(2.0**10) if manager is FixedLossScaleManager else manager(2.0**10, 2, 3)
+    before = made.state_dict()
+    with pytest.raises(TypeError, match="'overflow' must be a bool"):
+        made.update_loss_scale(overflow)
+    assert made.state_dict() == before
+    for flag in (True, np.bool_(False), Tensor(True), np.array([True, False])):  # the last: not all overflowed
+        made.update_loss_scale(flag)
+    expected = 2.0**10 if manager is FixedLossScaleManager else 2.0**8  # backed off twice
+    assert made.get_loss_scale() == expected
+
+
+UPDATE_CELL_HELPERS = {"bind_scale_parameter": [None, 3, np.float32(2.0), Parameter(np.ones(2, np.float32), "two")],
+                       "bind_micro_step": [None, 3, Parameter(np.zeros(3, np.int32), "three")],
+                       "rename_parameters": ["", "a b", 3, None], "rule_value": ["bogus", 3, "init_scale"],
+                       "set_state": [None, {"loss_scale": 8.0}, (8.0, 0, 1)]}
+
+
+@pytest.mark.parametrize("method, value", _sweep(UPDATE_CELL_HELPERS), ids=_ids(_sweep(UPDATE_CELL_HELPERS)))
+def test_update_cell_helpers_refuse_what_breaks_them_later(method, value):
+    """Each of these was accepted and broke a later call (bind_scale_parameter(3): every get_state() an
+    AttributeError; rename_parameters(""): Parameters named ".good_steps"), or raised a KeyError/AttributeError
+    instead of naming the argument. Nothing changes on a refusal."""
+    cell = DynamicLossScaleUpdateCell(8.0, 2, 10)
+    names = [p.name for p in cell.get_parameters()]
+    argument = {"rename_parameters": "prefix", "rule_value": "field", "set_state": "state"}.get(method, "parameter")
+    _refused(lambda: getattr(cell, method)(value), argument, value, shown=method in ("rename_parameters", "rule_value"))
+    assert [p.name for p in cell.get_parameters()] == names
+    assert cell.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
+    assert not cell.window_open()
 
 
 POLICY = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_factor": [v for v in BAD_BACKOFF

@@ -144,7 +144,7 @@ _POLICY = LossScalePolicy(init_scale=8.0, growth_interval=2)
 
 @pytest.mark.parametrize("arguments, error, pattern", [
     ((None, LossScaleState(scale=8.0), True), TypeError, "'policy' must be a LossScalePolicy, but got NoneType"),
-    ((_POLICY, None, True), TypeError, "'state' must be a LossScaleState, but got NoneType"),
+    ((_POLICY, None, True), TypeError, "'state' must be a LossScaleState .*, but got NoneType"),
     ((_POLICY, LossScaleState(scale=8.0), "no"), TypeError, "'overflow' must be a bool, but got 'no' of type str"),
     ((_POLICY, LossScaleState(scale=8.0), 1), TypeError, "'overflow' must be a bool, but got 1 of type int"),
     ((_POLICY, LossScaleState(scale=8.0, good_steps=5), False), ValueError, "state.good_steps"),
