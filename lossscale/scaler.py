@@ -53,7 +53,7 @@ from lossscale._parameters import read_scalar, write_parameter
 from lossscale._validation import check_bool, check_int_in_range, positive_float32
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
-                                    mindspore_good_steps)
+                                    check_overflow_argument, mindspore_good_steps)
 
 def _promote(scale, output):
     """``output * scale`` with ``output`` promoted to at least float32."""
@@ -108,23 +108,13 @@ def _set_mindspore_good_steps(cell, good_steps):
 
 
 def _overflow_tensor(overflow):
-    """``overflow`` for :meth:`LossScaler.adjust` as a bool Tensor: a Python or NumPy bool is converted; anything but a
-    bool Tensor is a TypeError while tracing (MindSpore's own error names a ``Select`` kernel)."""
+    """``overflow`` for :meth:`LossScaler.adjust` as a bool Tensor: a Python or NumPy bool is converted; anything else
+    but a one-value bool Tensor is a TypeError while tracing (:func:`check_overflow_argument`; MindSpore's own
+    error names a ``Select`` kernel)."""
     if isinstance(overflow, (bool, np.bool_)):
         return Tensor(bool(overflow), mstype.bool_)
-    if not isinstance(overflow, Tensor):
-        raise TypeError("'overflow' must be a bool Tensor (True: back off), such as core.is_overflow(flag), or a bool.")
-    _refuse_overflow_dtype(ops.dtype(overflow))
+    check_overflow_argument(overflow)
     return overflow
-
-
-@constexpr
-def _refuse_overflow_dtype(dtype):
-    if dtype != mstype.bool_:
-        raise TypeError(f"'overflow' must be a bool Tensor (True: back off), but got a {dtype} Tensor: pass "
-                        f"core.is_overflow(flag), which turns the check's float flag into the decision (summed over "
-                        f"the ranks first in parallel modes).")
-    return True
 
 
 _loss_term = ops.MultitypeFuncGraph("_loss_term")

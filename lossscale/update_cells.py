@@ -11,6 +11,7 @@ with branch-free ``select`` ops; the tests check it equals the policy step for s
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
 
 from lossscale._naming import check_name
 from lossscale._parameters import host_array, read_scalar, write_parameter
@@ -36,6 +37,31 @@ class _ScaleBinding:
     def __init__(self, parameter):
         self.parameter = parameter
         self.micro_step = None
+
+
+def check_overflow_argument(overflow):
+    """TypeError, while tracing (no graph op), unless ``overflow`` is a bool Tensor holding one value: an update cell's
+    call contract is ``cell(loss_scale, overflow)`` with the train cell's decision. MindSpore's own error for a float
+    flag or a Python bool names a ``Select`` kernel; a flag of several values fails later, in an ``Assign``.
+
+    Example:
+        >>> check_overflow_argument(Tensor(True))
+        True
+    """
+    if not isinstance(overflow, Tensor):
+        raise TypeError(f"'overflow' must be a bool Tensor ({_OVERFLOW_MEANING}), but got {type(overflow).__name__}.")
+    return _refuse_overflow_kind(ops.dtype(overflow), ops.shape(overflow))
+
+
+_OVERFLOW_MEANING = "True: back off; the decision, such as LossScaler.is_overflow(flag) of the check's float flag"
+
+
+@constexpr
+def _refuse_overflow_kind(dtype, shape):
+    if dtype != mstype.bool_ or int(np.prod(shape)) != 1:
+        raise TypeError(f"'overflow' must be a bool Tensor holding one value ({_OVERFLOW_MEANING}), but got a Tensor "
+                        f"of dtype {dtype} and shape {tuple(shape)}.")
+    return True
 
 
 def _check_one_value_parameter(name, parameter):
@@ -160,6 +186,7 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
         check_fixed_state(state, self.loss_scale_value)
 
     def construct(self, loss_scale, overflow):
+        check_overflow_argument(overflow)
         return overflow
 
 
@@ -361,6 +388,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self.set_state(state_from_dict(self.policy, state))
 
     def construct(self, loss_scale, overflow):
+        check_overflow_argument(overflow)
         scale, good_steps, hysteresis = self._state_within_rule(loss_scale)
         # Overflow branch: back off only when the hysteresis is exhausted.
         backed_off = ops.maximum(scale * self._backoff_factor, self._min_scale)

@@ -119,6 +119,27 @@ def test_manager_update_loss_scale_takes_a_bool_flag(manager, overflow):
     assert made.get_loss_scale() == expected
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("make", [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10), lambda: FixedLossScaleUpdateCell(8.0)],
+                         ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("overflow", [True, Tensor(np.float32(1.0)), Tensor(np.int32(0)), Tensor(np.array([True, False]))],
+                         ids=repr)
+def test_update_cell_call_takes_one_bool_tensor(overflow, make, compiled):
+    """cell(loss_scale, overflow): a Python bool, a float or int flag were MindSpore's "Failed calling Select" or
+    "Select CPU operator ... Unsupported data type", a flag of two values an Assign's rank error; each is a TypeError
+    naming 'overflow' while tracing, and the scale is untouched."""
+    cell, scale = make(), Parameter(Tensor(np.float32(8.0)), name="update_cell_call_scale")
+
+    def call(x):
+        return x, cell(scale, overflow)
+
+    with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
+        (ms.jit(call) if compiled else call)(Tensor(np.float32(1.0)))
+    assert scale.asnumpy() == 8.0
+    cell(scale, Tensor(True))
+    assert scale.asnumpy() == (4.0 if isinstance(cell, DynamicLossScaleUpdateCell) else 8.0)
+
+
 UPDATE_CELL_HELPERS = {"bind_scale_parameter": [None, 3, np.float32(2.0), Parameter(np.ones(2, np.float32), "two")],
                        "bind_micro_step": [None, 3, Parameter(np.zeros(3, np.int32), "three")],
                        "rename_parameters": ["", "a b", 3, None], "rule_value": ["bogus", 3, "init_scale"],
