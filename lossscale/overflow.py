@@ -57,6 +57,8 @@ from mindspore.ops import functional as F
 from mindspore.common import dtype as mstype
 from mindspore.common.sparse_tensor import RowTensorInner
 
+from lossscale._validation import check_bool
+
 ISFINITE = "isfinite"
 FLOAT_STATUS = "float_status"
 ASCEND_SATURATION = "ascend_saturation"
@@ -86,6 +88,7 @@ def choose_overflow_check(device_target, ascend_mode=None, ascend_saturation_onl
     """
     if device_target not in DEVICE_TARGETS:
         raise ValueError(f"'device_target' must be one of {DEVICE_TARGETS}, but got {device_target!r}.")
+    check_bool("ascend_saturation_only", ascend_saturation_only)
     if ascend_mode is not None and ascend_mode not in ASCEND_MODES:
         raise ValueError(f"'ascend_mode' (MS_ASCEND_CHECK_OVERFLOW_MODE) must be one of {ASCEND_MODES} "
                          f"or unset, but got {ascend_mode!r}.")
@@ -472,6 +475,14 @@ class IsFiniteCheck(nn.Cell):
         return nonfinite_indicator(self.hyper_map, compute_output)
 
 
+def _primitive(name, value):
+    """``value`` if it can stand where a check's primitive goes (a callable); TypeError naming ``name`` otherwise,
+    which would fail only while tracing the first step."""
+    if not callable(value):
+        raise TypeError(f"'{name}' must be a primitive or a callable stand-in for it, but got {type(value).__name__}.")
+    return value
+
+
 class FloatStatusCheck(nn.Cell):
     """GPU: ``FloatStatus`` (1.0 for a tensor holding inf/nan) per gradient, summed.
 
@@ -485,7 +496,7 @@ class FloatStatusCheck(nn.Cell):
     def __init__(self, float_status=None):
         super().__init__(auto_prefix=False)
         self.hyper_map = ops.HyperMap()
-        self.float_status = ops.FloatStatus() if float_status is None else float_status
+        self.float_status = ops.FloatStatus() if float_status is None else _primitive("float_status", float_status)
         self.before_backward = _same
 
     def start(self, pre_cond, compute_input):
@@ -513,6 +524,9 @@ class AscendSaturationCheck(nn.Cell):
 
     def __init__(self, clear_status=None, get_status=None):
         super().__init__(auto_prefix=False)
+        for name, given in (("clear_status", clear_status), ("get_status", get_status)):
+            if given is not None:
+                _primitive(name, given)
         if clear_status is None or get_status is None:
             from mindspore.ops.operations.math_ops import (  # pylint: disable=import-outside-toplevel
                 NPUClearFloatStatusV2, NPUGetFloatStatusV2)
@@ -552,7 +566,7 @@ class AllFiniteCheck(nn.Cell):
             from mindspore.ops.operations.nn_ops import AllFinite  # pylint: disable=import-outside-toplevel
 
             all_finite = AllFinite()
-        self.all_finite = all_finite
+        self.all_finite = _primitive("all_finite", all_finite)
         self.before_backward = _same
 
     def start(self, pre_cond, compute_input):

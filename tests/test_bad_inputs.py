@@ -17,6 +17,7 @@ from mindspore import Parameter, Tensor, nn
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
                        LossScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
+from lossscale import overflow
 from lossscale.optimizer_states import OptimizerStates
 from nets import regression_net
 
@@ -314,6 +315,24 @@ def test_loss_scaler_scale_set_within_the_rule_loads_back():
         other.load_state_dict(core.state_dict())
         assert other.state_dict() == core.state_dict() == {"loss_scale": float(value), "good_steps": 0,
                                                           "hysteresis_left": 1}
+
+
+CHECK_PRIMITIVES = [("FloatStatusCheck", "float_status"), ("AllFiniteCheck", "all_finite"),
+                    ("AscendSaturationCheck", "clear_status"), ("AscendSaturationCheck", "get_status")]
+
+
+@pytest.mark.parametrize("check, argument", CHECK_PRIMITIVES, ids=[f"{c}-{a}" for c, a in CHECK_PRIMITIVES])
+@pytest.mark.parametrize("value", [3, "FloatStatus", Tensor(np.float32(1.0))], ids=repr)
+def test_backend_checks_take_callable_primitives(check, argument, value):
+    """A stand-in that cannot be called was accepted and failed only while tracing the first step."""
+    _refused(lambda: getattr(overflow, check)(**{argument: value}), argument, value, shown=False)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None], ids=repr)
+def test_choose_overflow_check_takes_a_bool_saturation_flag(value):
+    """A truthy 'yes' chose the saturation check."""
+    _refused(lambda: overflow.choose_overflow_check("Ascend", ascend_saturation_only=value), "ascend_saturation_only",
+             value)
 
 
 OPTIMIZER_STATES = {"name": ["", "a b", 3, None], "capacity": BAD_COUNTS}
