@@ -51,3 +51,16 @@ def test_eager_benchmark_smoke_run():
     assert set(result["summary"]) == {"plain", "ms_eager", "gradscaler", "gradscaler_unscale", "keras"}
     assert set(result["ratios"]) == {f"{name}/plain" for name in result["summary"] if name != "plain"}
     assert "first call s" in done.stdout
+
+
+@pytest.mark.slow
+def test_first_call_ladder_smoke_run():
+    """The knock-out ladder builds every variant (its replacements still fit the code they replace) and prints a
+    row each; one build each, against the current code (no git history needed)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_first_call_ladder.py"), "--rounds",
+                           "1", "--no-release"], capture_output=True, text=True, timeout=600, check=False,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["current", "- runtime raises", "- after-unscale_ branch", "- rule in Parameters",
+                    "- non-finite loss term", "- all four"], done.stdout
