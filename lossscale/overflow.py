@@ -209,11 +209,19 @@ def is_empty(grad):
     return grad.size == 0
 
 
+def _flat(values):
+    """``values`` as a 1-D view (a full reduction over it is faster); bfloat16 values are converted to float32
+    first (exactly): MindSpore's CPU ``Reshape`` has no bfloat16 kernel."""
+    if ops.dtype(values) == mstype.bfloat16:
+        values = ops.cast(values, mstype.float32)
+    return values.reshape(-1)
+
+
 def _probe(grad):
     """``zero_or_nan(grad)``, through a zero GEMV row for a large float32/float16 gradient."""
     if _uses_gemv(grad):
         return ops.reduce_sum(exact_float32(_gemv_row(ops.cast(_ZERO, ops.dtype(grad)), grad)))
-    return zero_or_nan(grad.reshape(-1))
+    return zero_or_nan(_flat(grad))
 
 
 def _weighted(grad):
@@ -229,7 +237,7 @@ def _weighted(grad):
         return ops.reduce_sum(_gemv_row(_FINGERPRINT, grad))
     if dtype == mstype.float64:
         return _compressed(ops.reduce_sum(grad.reshape(-1) * ops.cast(_FINGERPRINT, mstype.float64)))
-    return ops.reduce_sum(exact_float32(grad.reshape(-1)) * _FINGERPRINT)
+    return ops.reduce_sum(exact_float32(_flat(grad)) * _FINGERPRINT)
 
 
 def _compressed(total):
@@ -255,7 +263,7 @@ def _tensor_nonfinite_probe(grad):
 @_nonfinite_probe.register("RowTensor")
 def _row_tensor_nonfinite_probe(grad):
     # Sparse values can have a dynamic shape, so no size-dependent choice: their values as they are.
-    return zero_or_nan(grad.values.reshape(-1))
+    return zero_or_nan(_flat(grad.values))
 
 
 @_nonfinite_probe.register("None")
@@ -271,6 +279,8 @@ def _tensor_constant_probe(grad):
     """:func:`_tensor_nonfinite_probe` for a constant gradient: 0 if every value is finite, else nan."""
     if is_empty(grad):
         return _ZERO
+    if ops.dtype(grad) == mstype.bfloat16:  # MindSpore's CPU IsFinite has no bfloat16 kernel; the cast is exact
+        grad = ops.cast(grad, mstype.float32)
     return ops.select(ops.isfinite(grad).all(), _ZERO, _NAN)
 
 

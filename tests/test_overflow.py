@@ -101,6 +101,19 @@ def test_indicator_finds_every_position(indicator, dtype, shape):
             assert not np.isfinite(float(value)), (bad, position)
 
 
+@pytest.mark.parametrize("constant", [True, False], ids=["constant", "mutable"])
+@pytest.mark.parametrize("bad", [None, np.inf, np.nan])
+def test_indicator_takes_bfloat16_gradients(indicator, constant, bad):
+    """bfloat16 gradients, eagerly (constants: the isfinite probe, which had no bfloat16 CPU kernel and raised
+    "Select CPU operator[IsFinite] fail") and as runtime inputs, small and above the GEMV size."""
+    arrays = [np.ones((300, 300), np.float32), np.full((5,), 3.0e38, np.float32)]
+    if bad is not None:
+        arrays[0][3, 4] = bad
+    grads = tuple(Tensor(a).astype(mstype.bfloat16) for a in arrays)
+    value = nonfinite_indicator(ops.HyperMap(), grads) if constant else indicator(mutable(grads))
+    assert np.isfinite(float(value.asnumpy())) == (bad is None)
+
+
 @pytest.fixture(scope="module")
 def fingerprint_of():
     cell = _OverGradients(fingerprint)
