@@ -49,8 +49,8 @@ decision, also when a loss is non-finite on one rank only; the gradients themsel
 reduced by the user (e.g. ``nn.DistributedGradReducer``), before ``unscale_`` or ``step``.
 
 "Skip" means the optimizer is not called: no weight, moment or ``global_step`` changes, so a
-learning-rate schedule indexed by the optimizer's step does not advance (as in PyTorch with the
-scheduler stepped after ``scaler.step``).
+learning-rate schedule indexed by the optimizer's step (a MindSpore ``nn`` optimizer's) does not
+advance; a scheduler stepped from Python every iteration advances anyway, as in PyTorch.
 """
 import inspect
 from collections.abc import Mapping

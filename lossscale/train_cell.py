@@ -21,7 +21,7 @@ forensics and persistent-overflow policy (:mod:`lossscale.bookkeeping`) are part
 
 "Skip" means the optimizer is not called at all: no weight, moment or ``global_step``
 changes, so a learning-rate schedule driven by the optimizer's step counter does not
-advance on skipped steps (as in MindSpore and PyTorch); and the network's BatchNorm running
+advance on skipped steps (as in MindSpore's own train cell); and the network's BatchNorm running
 statistics, updated by the forward pass, are written back (:mod:`lossscale.running_statistics`;
 MindSpore and PyTorch keep them, inf/nan after a forward overflow). With accumulation they are
 written back per micro-batch whose own loss or gradients overflowed.
