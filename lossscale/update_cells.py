@@ -279,13 +279,20 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         ``dynamic`` False the cell leaves the scale and counters unchanged (a fixed scale).
         """
         check_bool("dynamic", dynamic)
+        if self._switchable:  # again would replace the Parameters a compiled graph holds, and drop their prefix
+            raise RuntimeError("hold_rule_in_parameters() was already called on this update cell: use set_policy() "
+                               "and set_dynamic() to change the rule.")
+        renamed = self.good_steps.name[:-len(".good_steps")] if self.good_steps.name.endswith(".good_steps") else None
+
+        def parameter_name(attribute):  # the prefix of rename_parameters() if it ran before, as it would give
+            return f"loss_scale{attribute}" if renamed is None else f"{renamed}.{attribute.lstrip('_')}"
+
         for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window",
                      "_full_hysteresis"):
             value = getattr(self, name)
             delattr(self, name)
-            setattr(self, name, Parameter(value, name=f"loss_scale{name}", requires_grad=False))
-        self._dynamic = Parameter(Tensor(bool(dynamic), mstype.bool_), name="loss_scale_dynamic",
-                                  requires_grad=False)
+            setattr(self, name, Parameter(value, name=parameter_name(name), requires_grad=False))
+        self._dynamic = Parameter(Tensor(dynamic, mstype.bool_), name=parameter_name("_dynamic"), requires_grad=False)
         self._switchable = True
 
     def rule_value(self, field):

@@ -201,3 +201,24 @@ def test_window_open_follows_the_adopting_train_cells_accumulation_window():
     TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell)
     train(x, y)  # the old cell's window is open again, but the cell now follows the new adopter
     assert cell.window_open() is False
+
+
+def _parameter_names(cell):
+    return sorted(parameter.name for parameter in cell.get_parameters())
+
+
+def test_rule_parameters_take_the_prefix_in_either_order_and_are_made_once():
+    """rename_parameters() before hold_rule_in_parameters() left the rule's Parameters unprefixed
+    ('loss_scale_growth_factor' in two cells of one graph collide); a second hold_rule_in_parameters() replaced
+    the Parameters a compiled graph holds (its set_policy() would no longer reach it) and dropped their prefix."""
+    renamed_first, held_first = (DynamicLossScaleUpdateCell(8.0, 2, 10) for _ in range(2))
+    renamed_first.rename_parameters("p")
+    renamed_first.hold_rule_in_parameters()
+    held_first.hold_rule_in_parameters()
+    held_first.rename_parameters("p")
+    assert _parameter_names(renamed_first) == _parameter_names(held_first)
+    assert all(name.startswith("p.") for name in _parameter_names(held_first)) and len(_parameter_names(held_first)) == 9
+    parameters = list(held_first.get_parameters())
+    with pytest.raises(RuntimeError, match="already called"):
+        held_first.hold_rule_in_parameters(dynamic=False)
+    assert list(held_first.get_parameters()) == parameters and held_first.dynamic
