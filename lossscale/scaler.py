@@ -359,6 +359,17 @@ class LossScaler(nn.Cell):
         scale = self.get_scale()
         return scale if isinstance(scale, Tensor) else Tensor(scale, mstype.float32)
 
+    def check_update_cell_owner(self):
+        """RuntimeError if another core (another train cell) has adopted this core's update cell since: an update
+        cell holds one scale's counters, so two train cells sharing one would grow and back off each other's
+        scales, silently. A cell that is no longer used may lose its update cell freely (host; no sync)."""
+        owner = getattr(self.update_cell, "scale_parameter", None)  # lossscale's update cells record it
+        if owner is not None and owner is not self.scale_value:
+            raise RuntimeError(f"this train cell's update cell ({type(self.update_cell).__name__}) was adopted by "
+                               f"another train cell since: one update cell holds one scale's counters, and two "
+                               f"cells using it would change each other's scales. Give each train cell its own "
+                               f"update cell (manager.get_update_cell() makes a new one at each call).")
+
     def set_scale(self, value):
         """Write a new scale (host to device, no graph rebuild): :meth:`checked_scale` first, so a dynamic rule's
         bounds hold (the state is then one :meth:`load_state_dict` accepts)."""

@@ -271,6 +271,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         return checkpoint_choice(self)
 
     def __call__(self, *args, **kwargs):
+        self.loss_scaler.check_update_cell_owner()
         if not self._state_checked:
             self.check_state()
         scale_used = self.get_loss_scale() if self.persistent_overflow.active else None

@@ -328,3 +328,20 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     assert expected.keys() == got.keys()
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_a_train_cell_whose_update_cell_another_adopted_is_refused():
+    """Two train cells sharing one update cell shared its counters: the second's scale grew on the first's clean
+    steps and the first's never grew (a GAN built with one update cell). The cell that lost its update cell is
+    refused at its next call, unchanged; the one that adopted it trains on from its state (re-wrapping)."""
+    update_cell = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2).get_update_cell()
+    nets = [regression_net(seed=s) for s in range(2)]
+    first, second = (TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), update_cell)
+                     for net in nets)
+    x, y = (Tensor(a) for a in regression_batches(1)[0])
+    before = training_state(first)
+    with pytest.raises(RuntimeError, match="adopted by another train cell"):
+        first(x, y)
+    for name, value in training_state(first).items():
+        assert np.array_equal(before[name], value), name
+    assert [float(second(x, y)[2].asnumpy()) for _ in range(3)] == [2**10, 2**11, 2**11]

@@ -194,13 +194,14 @@ def test_window_open_follows_the_adopting_train_cells_accumulation_window():
     train = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell, accumulation_steps=2)
     x, y = Tensor(np.ones((2, 2), np.float32)), Tensor(np.zeros((2, 1), np.float32))
     opened = []
-    for _ in range(4):
+    for _ in range(3):
         train(x, y)
         opened.append(cell.window_open())
-    assert opened == [True, False, True, False]
+    assert opened == [True, False, True]
     TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell)
-    train(x, y)  # the old cell's window is open again, but the cell now follows the new adopter
-    assert cell.window_open() is False
+    assert cell.window_open() is False  # the old cell's window is open, but the cell now follows the new adopter
+    with pytest.raises(RuntimeError, match="adopted by another train cell"):
+        train(x, y)  # and the old cell, which no longer owns it, is refused
 
 
 def _parameter_names(cell):
