@@ -362,8 +362,11 @@ class LossScaler(nn.Cell):
     def check_update_cell_owner(self):
         """RuntimeError if another core (another train cell) has adopted this core's update cell since: an update
         cell holds one scale's counters, so two train cells sharing one would grow and back off each other's
-        scales, silently. A cell that is no longer used may lose its update cell freely (host; no sync)."""
-        owner = getattr(self.update_cell, "scale_parameter", None)  # lossscale's update cells record it
+        scales, silently. A cell that is no longer used may lose its update cell freely, and a fixed update cell,
+        which holds nothing, may be shared (host; no sync)."""
+        if not isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+            return
+        owner = self.update_cell.scale_parameter
         if owner is not None and owner is not self.scale_value:
             raise RuntimeError(f"this train cell's update cell ({type(self.update_cell).__name__}) was adopted by "
                                f"another train cell since: one update cell holds one scale's counters, and two "

@@ -345,3 +345,6 @@ def test_a_train_cell_whose_update_cell_another_adopted_is_refused():
     for name, value in training_state(first).items():
         assert np.array_equal(before[name], value), name
     assert [float(second(x, y)[2].asnumpy()) for _ in range(3)] == [2**10, 2**11, 2**11]
+    fixed = FixedLossScaleUpdateCell(2.0**10)  # holds no counters: two cells may share it
+    first, second = (TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), fixed) for net in nets)
+    assert [float(cell(x, y)[2].asnumpy()) for cell in (first, second, first)] == [2**10] * 3
