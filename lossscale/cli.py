@@ -163,6 +163,16 @@ def _check_model(name):
     return name
 
 
+def _check_batch_size(batch_size):
+    """Every command needs one full batch of the training split (batches are whole): refused before any work."""
+    from lossscale_models import load_digits, train_test_split  # pylint: disable=import-outside-toplevel
+
+    (_, y_train), _ = train_test_split(*load_digits(), seed=0)
+    if batch_size > len(y_train):
+        raise CliError(f"--batch-size {batch_size} is larger than the {len(y_train)} training images")
+    return batch_size
+
+
 # ---- the parser -------------------------------------------------------------------------------
 
 def _version():
@@ -647,7 +657,8 @@ def command_compare(args):
 
 
 def measure_gradients(args, network):
-    """``(fp32 gradients, measured lost fraction at --scale)`` of ``network`` on the first batches."""
+    """``(fp32 gradients, measured lost fraction at --scale, batches used)`` of ``network`` on the first
+    ``--batches`` batches (fewer if the training split has fewer)."""
     # pylint: disable=import-outside-toplevel
     import numpy as np
     from mindspore import nn
@@ -667,7 +678,7 @@ def measure_gradients(args, network):
         grads = unscaled_gradients(reference_probe, batch, 1.0)
         reference.extend(grads)
         lost.append(lost_fraction(grads, unscaled_gradients(fp16_probe, batch, args.scale)))
-    return reference, float(np.mean(lost))
+    return reference, float(np.mean(lost)), len(lost)
 
 
 def largest_safe_along_training(args):
@@ -741,20 +752,20 @@ def command_inspect(args):
 
     output = prepare_output(args.output or os.path.join("runs", f"inspect-{args.model}"), "inspect")
     network, trajectory = largest_safe_along_training(args)
-    reference, lost = measure_gradients(args, network)
+    reference, lost, batches = measure_gradients(args, network)
     report = magnitude_report(reference, args.scale)
     magnitudes = np.abs(np.concatenate([g.ravel() for g in reference]))
     log2 = np.log2(magnitudes[magnitudes > 0])
     weights = "untrained" if not args.epochs else f"after {args.epochs} epochs of fp32 training"
     print(f"{report['count']} nonzero fp32 weight-gradient elements ({args.model}, {weights}, "
-          f"{args.batches} batches)")
+          f"{batches} batches)")
     print(f"at loss scale {format_scale(args.scale)}: {100 * report['flushed']:.3f}% flush to zero in fp16, "
           f"{100 * report['subnormal']:.3f}% subnormal, {100 * report['overflow']:.3f}% overflow")
     print(f"measured with {args.precision} gradients at that scale: {100 * lost:.3f}% of the nonzero fp32 "
           f"gradient elements are zero")
     print(scale_advice(trajectory))
     _write_json(os.path.join(output, "inspect.json"), dict(
-        report, scale=args.scale, model=args.model, epochs=args.epochs, measured_lost_fraction=lost,
+        report, scale=args.scale, model=args.model, epochs=args.epochs, batches=batches, measured_lost_fraction=lost,
         largest_safe_along_training=[[e, s] for e, s in trajectory],
         suggested_fixed_scale=suggested_fixed_scale(trajectory)))
     _try_plot(plot_histogram, log2, args.scale, os.path.join(output, "gradients.png"),
@@ -808,6 +819,7 @@ def main(argv=None):
         args = parser.parse_args(argv)
         args.argv = list(argv)
         _check_model(args.model)
+        _check_batch_size(args.batch_size)
         _quiet_mindspore()
         _set_device(args.device)
         with warnings.catch_warnings():

@@ -149,7 +149,7 @@ def measure_initial_gradients(args):
         ms.set_seed(args.seed)
         network = create_model(args.model)
         probe_args = argparse.Namespace(**dict(vars(args), scale=scale, batches=4))
-        reference, lost = measure_gradients(probe_args, network)
+        reference, lost, _ = measure_gradients(probe_args, network)
         measurements.append((scale, magnitude_report(reference, scale), lost))
     return measurements, reference
 

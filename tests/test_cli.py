@@ -120,6 +120,8 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
     (["inspect", "--epochs", "-1"], "--epochs: must be an integer >= 0, got '-1'"),
     (["inspect", "--batches", "0"], "--batches: must be a positive integer"),
     (["inspect", "--loss-scale", "dynamic"], "unrecognized arguments: --loss-scale"),
+    (["inspect", "--batch-size", "1439"], "--batch-size 1439 is larger than the 1438 training images"),
+    (["compare", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
     (["fly"], "invalid choice"),
 ])
 def test_bad_arguments_give_one_line_and_exit_2(arguments, pattern, capsys, tmp_path):
@@ -161,6 +163,15 @@ def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys)
     assert (tmp_path / "s1" / "gradients.png").exists()
     out = capsys.readouterr().out
     assert "at the untrained weights" in out and "Not a fixed scale to train with" in out
+
+
+def test_inspect_reports_the_batches_it_measured(tmp_path, capsys):
+    """--batches beyond the training split measured the batches there are but said it measured --batches (and
+    --batch-size beyond the split crashed with a traceback, exit 1: now exit 2, above)."""
+    assert main(["inspect", "--model", "mlp", "--batches", "100", "--batch-size", "700", "--no-progress",
+                 "--output", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "inspect.json").read_text())["batches"] == 2  # 1438 // 700
+    assert "untrained, 2 batches)" in capsys.readouterr().out
 
 
 def test_inspect_advice_holds_for_the_training_it_describes(tmp_path, capsys):
