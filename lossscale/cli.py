@@ -163,14 +163,25 @@ def _check_model(name):
     return name
 
 
-def _check_batch_size(batch_size):
-    """Every command needs one full batch of the training split (batches are whole): refused before any work."""
+def _check_batch_size(batch_size, workers=1):
+    """Every command needs one full batch of the training split on each worker (batches are whole): refused
+    before any work."""
     from lossscale_models import load_digits, train_test_split  # pylint: disable=import-outside-toplevel
 
     (_, y_train), _ = train_test_split(*load_digits(), seed=0)
-    if batch_size > len(y_train):
-        raise CliError(f"--batch-size {batch_size} is larger than the {len(y_train)} training images")
+    _refuse_empty_epoch(batch_size, len(y_train), workers, steps_per_epoch=None)
     return batch_size
+
+
+def _refuse_empty_epoch(batch_size, images, workers, steps_per_epoch):
+    """CliError when a worker's share of the ``images`` training images (``ceil(images / workers)``, as MindSpore
+    shards them) holds no full batch; ``steps_per_epoch``, when known, is the dataset's own count."""
+    share = -(-images // workers)
+    empty = batch_size > share if steps_per_epoch is None else steps_per_epoch == 0
+    if empty:
+        where = f"the {images} training images" if workers == 1 else (
+            f"the {share} training images of each of the {workers} workers ({images} in all)")
+        raise CliError(f"--batch-size {batch_size} is larger than {where}")
 
 
 # ---- the parser -------------------------------------------------------------------------------
@@ -384,8 +395,7 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed,
                               shard=shard)
     steps_per_epoch = train_data.get_dataset_size()
-    if steps_per_epoch == 0:
-        raise CliError(f"--batch-size {batch_size} is larger than the {len(y_train)} training images")
+    _refuse_empty_epoch(batch_size, len(y_train), 1 if shard is None else shard[1], steps_per_epoch)
     optimizer = nn.Adam(network.trainable_params(), learning_rate=lr)
     policy = {} if overflow_policy == "skip" else {"overflow_policy": overflow_policy,
                                                    "max_consecutive_overflows": max_consecutive_overflows}
@@ -819,7 +829,7 @@ def main(argv=None):
         args = parser.parse_args(argv)
         args.argv = list(argv)
         _check_model(args.model)
-        _check_batch_size(args.batch_size)
+        _check_batch_size(args.batch_size, getattr(args, "workers", 1))
         _quiet_mindspore()
         _set_device(args.device)
         with warnings.catch_warnings():

@@ -94,6 +94,8 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
     (["train", "--epochs", "1.5"], "--epochs: must be a positive integer, got '1.5'"),
     (["train", "--batch-size", "-3"], "--batch-size: must be a positive integer"),
     (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
+    (["train", "--workers", "2", "--batch-size", "720"],  # said "larger than the 1438", from a worker, after msrun
+     "--batch-size 720 is larger than the 719 training images of each of the 2 workers (1438 in all)"),
     (["train", "--precision", "fp8"], "--precision"),
     (["train", "--lr", "-1"], "--lr: must be a finite number > 0, got '-1'"),
     (["train", "--lr", "nan"], "--lr: must be a finite number > 0, got 'nan'"),
