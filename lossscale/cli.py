@@ -775,7 +775,8 @@ def command_inspect(args):
           f"gradient elements are zero")
     print(scale_advice(trajectory))
     _write_json(os.path.join(output, "inspect.json"), dict(
-        report, scale=args.scale, model=args.model, epochs=args.epochs, batches=batches, measured_lost_fraction=lost,
+        report, scale=args.scale, model=args.model, epochs=args.epochs, batches=batches,
+        measured_lost_fraction=lost,
         largest_safe_along_training=[[e, s] for e, s in trajectory],
         suggested_fixed_scale=suggested_fixed_scale(trajectory)))
     _try_plot(plot_histogram, log2, args.scale, os.path.join(output, "gradients.png"),

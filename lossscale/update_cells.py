@@ -328,8 +328,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         if not self._switchable:
             raise RuntimeError("set_policy() needs hold_rule_in_parameters() first.")
         if not isinstance(policy, LossScalePolicy):
-            raise TypeError(f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), but got "
-                            f"{type(policy).__name__}.")
+            raise TypeError(f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "
+                            f"but got {type(policy).__name__}.")
         if (policy.consecutive_hysteresis, policy.refill_hysteresis_on_backoff) != (
                 self.policy.consecutive_hysteresis, self.policy.refill_hysteresis_on_backoff):
             raise ValueError("'policy' must keep the hysteresis mode of this update cell "

@@ -121,10 +121,10 @@ def test_manager_update_loss_scale_takes_a_bool_flag(manager, overflow):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("make", [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10), lambda: FixedLossScaleUpdateCell(8.0)],
-                         ids=["dynamic", "fixed"])
-@pytest.mark.parametrize("overflow", [True, Tensor(np.float32(1.0)), Tensor(np.int32(0)), Tensor(np.array([True, False]))],
-                         ids=repr)
+@pytest.mark.parametrize("make", [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10),
+                                  lambda: FixedLossScaleUpdateCell(8.0)], ids=["dynamic", "fixed"])
+@pytest.mark.parametrize("overflow", [True, Tensor(np.float32(1.0)), Tensor(np.int32(0)),
+                                      Tensor(np.array([True, False]))], ids=repr)
 def test_update_cell_call_takes_one_bool_tensor(overflow, make, compiled):
     """cell(loss_scale, overflow): a Python bool, a float or int flag were MindSpore's "Failed calling Select" or
     "Select CPU operator ... Unsupported data type", a flag of two values an Assign's rank error; each is a TypeError
@@ -283,8 +283,9 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
 
 
 BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)
-CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0], "set_rule": [("policy", "pytorch"), ("policy", 2.0**16),
-                                                                     ("dynamic", "no"), ("dynamic", 1), ("dynamic", None)]}
+CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0],
+                 "set_rule": [("policy", "pytorch"), ("policy", 2.0**16), ("dynamic", "no"), ("dynamic", 1),
+                              ("dynamic", None)]}
 
 
 @pytest.mark.parametrize("method, value", _sweep(CORE_SETTINGS), ids=_ids(_sweep(CORE_SETTINGS)))

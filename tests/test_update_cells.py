@@ -218,7 +218,8 @@ def test_rule_parameters_take_the_prefix_in_either_order_and_are_made_once():
     held_first.hold_rule_in_parameters()
     held_first.rename_parameters("p")
     assert _parameter_names(renamed_first) == _parameter_names(held_first)
-    assert all(name.startswith("p.") for name in _parameter_names(held_first)) and len(_parameter_names(held_first)) == 9
+    names = _parameter_names(held_first)
+    assert all(name.startswith("p.") for name in names) and len(names) == 9
     parameters = list(held_first.get_parameters())
     with pytest.raises(RuntimeError, match="already called"):
         held_first.hold_rule_in_parameters(dynamic=False)
