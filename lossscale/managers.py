@@ -8,6 +8,8 @@ the network in a train cell. From then on the device holds the truth:
 ``update_loss_scale()`` only refreshes the host mirror, so the policy is never
 applied twice.
 """
+import weakref
+
 import numpy as np
 from mindspore import Tensor
 from mindspore.amp import LossScaleManager
@@ -132,7 +134,7 @@ class DynamicLossScaleManager(LossScaleManager):
         self._scale_factor = scale_factor
         self._scale_window = scale_window
         self._state = initial_state(self.policy)
-        self._update_cell = None
+        self._update_cells = []  # weak references to the cells get_update_cell() made, oldest first
         # MindSpore's host bookkeeping of update_loss_scale(), with its names and starting values.
         self.cur_iter = 1
         self.last_overflow_iter = 0
@@ -150,9 +152,16 @@ class DynamicLossScaleManager(LossScaleManager):
         """
         return cls(policy.init_scale, policy.growth_factor, policy.growth_interval, **policy_extensions(policy))
 
+    def _followed_cell(self):
+        """The most recent living cell this manager made that a train cell has adopted; before any is adopted, the
+        most recent one made (None before any). A cell made later only for a look does not take over."""
+        cells = [cell for cell in (ref() for ref in self._update_cells) if cell is not None]
+        adopted = [cell for cell in cells if cell.scale_parameter is not None]
+        return (adopted or cells or [None])[-1]
+
     def _device_cell(self):
-        """The update cell this manager made if a train cell has adopted it, else None."""
-        cell = self._update_cell
+        """The followed update cell if a train cell has adopted it, else None."""
+        cell = self._followed_cell()
         return cell if cell is not None and cell.scale_parameter is not None else None
 
     def get_state(self):
@@ -236,12 +245,13 @@ class DynamicLossScaleManager(LossScaleManager):
     def get_update_cell(self):
         """A new :class:`DynamicLossScaleUpdateCell` starting from this manager's current state.
 
-        The manager follows the most recent cell it made: ``get_loss_scale()`` reads it.
+        The manager follows the most recent cell it made that a train cell has adopted (before any is, the most
+        recent one made): ``get_loss_scale()`` reads it.
         """
         state = self.get_state()
         cell = DynamicLossScaleUpdateCell.from_policy(self.policy)
         cell.set_state(state)
-        self._update_cell = cell
+        self._update_cells = [ref for ref in self._update_cells if ref() is not None] + [weakref.ref(cell)]
         return cell
 
     def state_dict(self):
@@ -254,6 +264,7 @@ class DynamicLossScaleManager(LossScaleManager):
         """Restore :meth:`state_dict` output, into the device cell too when one is in use (validated: nothing
         changes on error)."""
         restored = state_from_dict(self.policy, state)
-        if self._update_cell is not None:
-            self._update_cell.set_state(restored)
+        cell = self._followed_cell()
+        if cell is not None:
+            cell.set_state(restored)
         self._state = restored

@@ -144,6 +144,25 @@ def test_manager_mirrors_the_device_once_its_cell_is_in_use():
     assert manager.state_dict() == {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
 
 
+def test_a_cell_made_for_a_look_does_not_take_over_from_the_one_in_use():
+    """The manager followed the last cell it made: a get_update_cell() after training started (to inspect it)
+    left get_loss_scale() and state_dict() at that moment's values, and update_loss_scale() then ran the rule on
+    the host beside the device's. It follows the most recent adopted cell; a cell adopted later takes over."""
+    manager = DynamicLossScaleManager(2**10, 2, 2)
+    driver = UpdateCellDriver(manager.get_update_cell())
+    driver.run([False, False])
+    looked_at = manager.get_update_cell()
+    assert looked_at.get_loss_scale() == 2048.0
+    driver.run([False, False, True])
+    manager.update_loss_scale(True)  # Model's call after the overflowing step: a refresh, no host step
+    assert manager.get_loss_scale() == float(driver.scale.asnumpy()) == 2048.0
+    manager.load_state_dict({"loss_scale": 512.0, "good_steps": 1, "hysteresis_left": 1})
+    assert float(driver.scale.asnumpy()) == 512.0  # into the cell in use
+    adopter = UpdateCellDriver(looked_at)
+    adopter.run([True])
+    assert manager.get_loss_scale() == 1024.0  # the later adopter (from 2048) now leads
+
+
 def test_state_dict_round_trip_into_a_fresh_manager_and_its_cell():
     source = DynamicLossScaleManager(2**10, 2, 3, hysteresis=2)
     for flag in (False, True, False):
