@@ -22,6 +22,20 @@ def host_array(value):
     return np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
 
 
+def host_flags(value):
+    """``value`` as a non-empty NumPy bool array if it is a bool, a NumPy bool, or a bool Tensor or array (one host
+    sync for a Tensor); else None, for the caller's TypeError (a truthy ``"no"``, 1 or None is not a flag).
+
+    Example:
+        >>> host_flags(Tensor(np.array([True, False]))).tolist(), host_flags(1)
+        ([True, False], None)
+    """
+    if not isinstance(value, (bool, np.bool_, np.ndarray, Tensor)):
+        return None
+    array = host_array(value)
+    return array if array.dtype == np.bool_ and array.size else None
+
+
 def write_parameter(parameter, value):
     """Write ``value`` into ``parameter`` in place (same shape and dtype; no graph rebuild, one host sync).
 

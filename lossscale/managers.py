@@ -11,10 +11,9 @@ applied twice.
 import weakref
 
 import numpy as np
-from mindspore import Tensor
 from mindspore.amp import LossScaleManager
 
-from lossscale._parameters import host_array
+from lossscale._parameters import host_flags
 from lossscale._validation import check_bool, check_finite_in_range, read_only
 from lossscale.bookkeeping import PersistentOverflowError
 from lossscale.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
@@ -31,12 +30,11 @@ def overflow_decision(overflow):
         >>> overflow_decision(np.array([True, True])), overflow_decision(False)
         (True, False)
     """
-    array = host_array(overflow) if isinstance(overflow, (bool, np.bool_, np.ndarray, Tensor)) else None
-    if array is None or array.dtype != np.bool_ or array.size == 0:
-        shown = f"{array.dtype} values of shape {array.shape}" if array is not None else f"{overflow!r}"
+    flags = host_flags(overflow)
+    if flags is None:
         raise TypeError(f"'overflow' must be a bool, or a bool Tensor or array (the train cell's flag), but got "
-                        f"{shown}.")
-    return bool(np.all(array))
+                        f"{overflow!r} of type {type(overflow).__name__}.")
+    return bool(np.all(flags))
 
 
 class FixedLossScaleManager(LossScaleManager):

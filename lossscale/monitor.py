@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.train import Callback
 
-from lossscale._parameters import host_array
+from lossscale._parameters import host_array, host_flags
 from lossscale._text import format_scale
 from lossscale._validation import check_bool, check_int_in_range
 
@@ -50,13 +50,11 @@ def _loss(value):
 
 def _overflow(value):
     """An overflow flag: a bool, a NumPy bool or a one-value bool Tensor (a truthy string or None is refused)."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    array = _array("overflow", value, True) if hasattr(value, "asnumpy") or isinstance(value, np.ndarray) else None
-    if array is None or array.dtype != np.bool_ or array.size != 1:
+    flags = host_flags(value)
+    if flags is None or flags.size != 1:
         raise TypeError(f"'overflow' must be a bool (or a one-value bool Tensor), but got {value!r} of type "
                         f"{type(value).__name__}.")
-    return bool(array.reshape(-1)[0])
+    return bool(flags.reshape(-1)[0])
 
 
 def _scale(name, value):
