@@ -242,7 +242,7 @@ class _ApplyGradients(nn.Cell):
             overflow = ops.depend(overflow, self.inner(grads))
         else:  # tf.keras: the optimizer's step counter advances on a skipped step too
             overflow = ops.depend(overflow, ops.assign_add(self.inner.global_step, self._one))
-        overflow = self.core.adjust(overflow)
+        overflow = self.core._apply_rule(overflow)  # pylint: disable=protected-access
         self.flags.reset()
         return overflow
 

@@ -12,7 +12,7 @@ backend's overflow check (:mod:`lossscale.overflow`). Everything below is graph 
     flag = core.flag(status, grads)       # float32, 0 when this rank's gradients are finite
     flag = flag + core.loss_flag(loss)    # a non-finite loss is an overflow too (0 or nan)
     overflow = core.is_overflow(flag)     # all-reduced first in any parallel mode: ranks agree
-    core.adjust(overflow)                 # the update rule: back off / grow (no-op for a fixed scale)
+    core.adjust(overflow=overflow)        # the update rule: back off / grow (no-op for a fixed scale)
     core.state_dict(), core.load_state_dict(state), core.set_scale(v)                     # host
     core.get_scale()                      # host (a float); inside a compiled function a graph read (a Tensor)
     core.get_scale_tensor()               # the same as a float32 Tensor in both cases
@@ -117,6 +117,17 @@ def _overflow_tensor(overflow):
     return overflow
 
 
+@constexpr
+def _refuse_adjust_call(positional, missing):
+    """TypeError (while tracing) unless :meth:`LossScaler.adjust` got its decision as ``overflow=`` only."""
+    if positional or missing:
+        got = f"{positional} positional argument(s)" if positional else "no decision"
+        raise TypeError(f"LossScaler.adjust takes the decision by keyword, adjust(overflow=...), True backing the "
+                        f"scale off, but got {got}. jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) "
+                        f"mean the opposite: give their flag as adjust(overflow=ops.logical_not(grads_finite)).")
+    return True
+
+
 _loss_term = ops.MultitypeFuncGraph("_loss_term")
 
 
@@ -210,7 +221,7 @@ class LossScaler(nn.Cell):
         >>> overflow = core.is_overflow(core.flag(None, grads))
         >>> if not overflow:
         ...     _ = opt(grads)
-        >>> _ = core.adjust(overflow)
+        >>> _ = core.adjust(overflow=overflow)
         >>> net.weight.asnumpy().tolist(), core.state_dict()["good_steps"]
         ([[0.8999999761581421, 0.8999999761581421]], 1)
     """
@@ -310,11 +321,20 @@ class LossScaler(nn.Cell):
             flag = self.allreduce(flag)
         return ops.not_equal(flag, self._zero)
 
-    def adjust(self, overflow):
+    def adjust(self, *positional, overflow=None):
         """Apply the update rule to the scale for this step's ``overflow`` (True: back off); return ``overflow``.
 
-        The opposite polarity of ``mindspore.amp.DynamicLossScaler.adjust(grads_finite)``: its migration is
-        ``GradScaler.update()`` (docs/migration.md)."""
+        ``overflow`` is keyword-only: jmp's and ``mindspore.amp.DynamicLossScaler``'s ``adjust(grads_finite)``
+        take the opposite polarity, and their habit ``adjust(all_finite(grads))`` would back off on every clean
+        step. A positional decision, or none, is a ``TypeError`` while tracing (nothing changes). The migration
+        of ``DynamicLossScaler`` is ``GradScaler.update()`` (docs/migration.md)."""
+        _refuse_adjust_call(len(positional), overflow is None)
+        return self._apply_rule(overflow)
+
+    def _apply_rule(self, overflow):
+        """:meth:`adjust` for the train cell and the front-ends, which call it positionally: a keyword call inside
+        their graphs made MindSpore 2.10 fold a GradScaler's unscaling of constant gradients into ``(0, 0)``
+        (measured: "Cannot join the return values of different branches")."""
         overflow = _overflow_tensor(overflow)
         if self.update_cell is None:
             return overflow

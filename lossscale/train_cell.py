@@ -408,4 +408,4 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def process_loss_scale(self, overflow):
         """Call the update cell (if any) with the scale Parameter; return the overflow flag."""
-        return self.loss_scaler.adjust(overflow)
+        return self.loss_scaler._apply_rule(overflow)  # pylint: disable=protected-access

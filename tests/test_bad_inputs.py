@@ -12,7 +12,7 @@ import re
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
@@ -263,7 +263,7 @@ def test_loss_scaler(name, value):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("overflow", [Tensor(np.float32(1.0)), Tensor(np.int32(1)), Tensor(np.array([True, False])) * 1.0,
-                                      None, "yes", 1], ids=repr)
+                                      "yes", 1], ids=repr)
 def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
     """adjust(overflow) wants the decision (a bool Tensor: core.is_overflow(flag)) or a bool; a float flag given
     straight (which would skip the ranks' agreement) was MindSpore's "Select CPU operator ... Unsupported data
@@ -271,15 +271,39 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
     core = LossScaler(get_preset("pytorch", init_scale=8.0, growth_interval=1))
 
     def adjust(x):
-        return x, core.adjust(overflow)
+        return x, core.adjust(overflow=overflow)
 
     with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
         (ms.jit(adjust) if compiled else adjust)(Tensor(np.float32(1.0)))
     assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
-    core.adjust(True)
-    core.adjust(Tensor(False))
-    core.adjust(np.bool_(False))
+    core.adjust(overflow=True)
+    core.adjust(overflow=Tensor(False))
+    core.adjust(overflow=np.bool_(False))
     assert core.get_scale() == 16.0  # backed off to 4, then grew after each clean step
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["positional", "missing", "None"])
+def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
+    """jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) take the opposite polarity of the core's
+    adjust(overflow): the habit core.adjust(ms.amp.all_finite(grads)) backed the scale off on every clean step and
+    grew it on every overflow, silently (the scale went from 8 to 2 in two clean steps). The decision is now
+    keyword-only; a positional one, or none (None), is a TypeError that says which way round it goes, while tracing,
+    and nothing changes."""
+    core = LossScaler(get_preset("mindspore", init_scale=8.0, growth_interval=1), name=f"adjust_{call}_{compiled}")
+
+    def adjust(grads):
+        finite = ms.amp.all_finite(grads)
+        if call == "positional":
+            return core.adjust(finite)
+        return core.adjust() if call == "missing" else core.adjust(overflow=None)
+
+    grads = (Tensor(np.ones(2, np.float32)),)
+    with pytest.raises(TypeError, match=r"adjust\(overflow=\.\.\.\).*opposite.*logical_not"):
+        (ms.jit(adjust) if compiled else adjust)(grads)
+    assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
+    core.adjust(overflow=ops.logical_not(ms.amp.all_finite(grads)))  # the translation the message gives
+    assert core.get_scale() == 16.0
 
 
 BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)

@@ -118,7 +118,7 @@ def _jmp_core(label, init_scale, period, factor, min_loss_scale):
         scaled = core.scale(loss)
         unscaled = core.unscale(grads)
         overflow = core.is_overflow(core.flag(None, unscaled))
-        core.adjust(overflow)
+        core.adjust(overflow=overflow)
         return scaled, unscaled, overflow
 
     return core, step
