@@ -390,11 +390,24 @@ class GradScaler:
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return grads
+        grads = self._graph_values(grads)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         unscaled, stage = self._run(self._iteration.unscale_and_record, grads, slot, structure)
         # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
         return ops.depend(unscaled, self._states.refuse_unscale(stage))
+
+    def _graph_values(self, grads):
+        """``grads`` as values computed by the graph when they are constants: a plain tuple of Tensors given to a
+        compiled function (:func:`lossscale.overflow.is_constant`) is multiplied by ``S / S``, exactly 1 but
+        known only when the graph runs. With constant gradients MindSpore 2.10 mis-compiled step() (measured:
+        with the optimizer given by keyword, "Cannot join the return values of different branches"; with
+        ``update()`` under a Python ``if``, the writes of ``update()`` were dropped). Other gradients, and every
+        call from Python (compiled with ``mindspore.mutable`` gradients), are returned as they are."""
+        if outside_graph(self._states.table) or not _overflow.is_constant(grads):
+            return grads
+        scale = self._core.scale_value.reshape(())
+        return _overflow.multiply_gradients(self._states.hyper_map, scale / scale, grads)
 
     def _run(self, method, *args):
         """``method(*args)``: inline inside a compiled function; called from Python, compiled once per method
@@ -425,6 +438,7 @@ class GradScaler:
         if parameters is None:
             _refuse_optimizer_without_parameters()
         self._states.refuse_misfit(grads, parameters)
+        grads = self._graph_values(grads)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         # Called from Python the stage is read on the host, so only the branch this call takes is compiled.

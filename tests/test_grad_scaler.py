@@ -185,6 +185,47 @@ def test_accumulation_over_two_micro_batches():
     _same_training_state(control_net, net)
 
 
+@pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2},
+                                      {"init_scale": 1024.0, "growth_interval": 2}], ids=["paddle", "torch"])
+def test_step_and_update_under_a_python_if_in_a_compiled_step_train_as_eagerly(spelling):
+    """A compiled step that steps and updates only when a Python bool argument says so (one optimizer step per
+    window of calls), computing its gradients itself: step()'s and update()'s writes under that `if` reach the
+    scaler as when the function runs eagerly, an inf batch included. (With the gradients given as an argument of
+    the compiled function instead, MindSpore 2.10 dropped update()'s writes under such an `if`:
+    docs/quickstart.md.)"""
+    def train(compiled):
+        net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+        opt = nn.SGD(net.trainable_params(), 0.1)
+        scaler = GradScaler(**spelling)
+
+        def forward(x):
+            return scaler.scale(net(x).sum())
+
+        grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+        def train_step(x, do_step):
+            loss, grads = grad_fn(x)
+            if do_step:
+                scaler.step(opt, grads)
+                scaler.update()
+            return loss
+
+        train_step = ms.jit(train_step) if compiled else train_step
+        trajectory = []
+        for index in range(8):
+            x = np.full((1, 2), np.inf if index == 3 else 1.0, np.float32)
+            train_step(Tensor(x), index % 2 == 1).asnumpy()
+            trajectory.append((net.weight.asnumpy().tolist(), scaler.get_scale()))
+        return trajectory, scaler.state_dict()
+
+    eager, compiled = train(False), train(True)
+    # The steps are the odd calls; call 3 overflows: PyTorch backs off, Paddle waits for a second bad step.
+    assert [scale for _, scale in eager[0]] == ([1024.0] * 3 + [512.0] * 4 + [1024.0] if "growth_interval" in spelling
+                                                else [1024.0] * 7 + [2048.0])
+    assert compiled[0] == eager[0]
+    assert str(compiled[1]) == str(eager[1])
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_multiple_models_optimizers_and_losses(compiled):
     """PyTorch's test_grad_scaling_multiple: two models, two optimizers, two losses from both outputs; one
@@ -723,27 +764,40 @@ def test_step_after_unscale_skips_an_overflow_without_a_false_refusal(compiled, 
         assert scaler.get_scale() == expected[iteration].scale
 
 
+@pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
 @pytest.mark.parametrize("form", ["step_update", "minimize"])
 @pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0},
                                       {"init_loss_scaling": 1024.0, "use_dynamic_loss_scaling": False},
                                       {"init_scale": 1024.0}], ids=["paddle", "paddle_fixed", "torch"])
-def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form):
+def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form, keywords):
     """Gradients computed elsewhere (e.g. accumulated eagerly) and passed into a compiled step: with Paddle's
     spelling step() and minimize() failed to compile ("Cannot join the return values of different branches",
     MindSpore 2.10) because step() recorded its decision and then, for a fixed scale, reset the iteration in a
-    second table write."""
+    second table write. The same error came back with the arguments given by keyword (optimizer=..., grads=...):
+    MindSpore folded the unscaling of the constant gradients inside step()'s branch into (0, 0)."""
     def train(compiled):
         net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
         opt = nn.SGD(net.trainable_params(), 0.1)
         scaler = GradScaler(**spelling)
 
-        def apply(grads):
-            if form == "minimize":
-                return scaler.minimize(opt, grads)
+        def minimize(grads):
+            return scaler.minimize(opt, grads)
+
+        def minimize_by_keyword(grads):
+            return scaler.minimize(optimizer=opt, grads=grads)
+
+        def step_update(grads):  # update() not under an `if` on `keywords`: see docs/quickstart.md
             skipped = scaler.step(opt, grads)
             scaler.update()
             return skipped
 
+        def step_update_by_keyword(grads):
+            skipped = scaler.step(optimizer=opt, grads=grads)
+            scaler.update()
+            return skipped
+
+        apply = {("minimize", False): minimize, ("minimize", True): minimize_by_keyword,
+                 ("step_update", False): step_update, ("step_update", True): step_update_by_keyword}[form, keywords]
         apply = ms.jit(apply) if compiled else apply
         skips = []
         for weight_grad in ([[1.0, 2.0]], [[np.inf, 1.0]], [[3.0, 1.0]]):
