@@ -400,10 +400,10 @@ class GradScaler:
     def _graph_values(self, grads):
         """``grads`` as values computed by the graph when they are constants: a plain tuple of Tensors given to a
         compiled function (:func:`lossscale.overflow.is_constant`) is multiplied by ``S / S``, exactly 1 but
-        known only when the graph runs. With constant gradients MindSpore 2.10 mis-compiled step() (measured:
-        with the optimizer given by keyword, "Cannot join the return values of different branches"; with
-        ``update()`` under a Python ``if``, the writes of ``update()`` were dropped). Other gradients, and every
-        call from Python (compiled with ``mindspore.mutable`` gradients), are returned as they are."""
+        known only when the graph runs. With constant gradients and the optimizer given by keyword, MindSpore
+        2.10 folded their unscaling inside step()'s branch into ``(0, 0)`` (measured: "Cannot join the return
+        values of different branches"). Other gradients, and every call from Python (compiled with
+        ``mindspore.mutable`` gradients), are returned as they are."""
         if outside_graph(self._states.table) or not _overflow.is_constant(grads):
             return grads
         scale = self._core.scale_value.reshape(())
