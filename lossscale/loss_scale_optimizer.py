@@ -52,6 +52,16 @@ _INNER_OPTIMIZER_ARGUMENTS = ("weight_decay", "clipnorm", "global_clipnorm", "cl
                               "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps")
 
 
+_KERAS_SERIALIZATION = (" A MindSpore optimizer holds its Parameters, so it is not rebuilt from a config: keep the "
+                        "object, and save and restore its state with mindspore.save_checkpoint(opt, path) and "
+                        "mindspore.load_param_into_net(opt, mindspore.load_checkpoint(path)).")
+_KERAS_WEIGHTS = (" A MindSpore optimizer's state is its Parameters: opt.get_parameters() (the scale: opt.loss_scale), "
+                  "saved with mindspore.save_checkpoint and restored with mindspore.load_param_into_net.")
+# Keras optimizer methods without a MindSpore counterpart: what to do instead.
+_KERAS_ONLY = {"get_config": _KERAS_SERIALIZATION, "from_config": _KERAS_SERIALIZATION, "get_weights": _KERAS_WEIGHTS,
+               "set_weights": _KERAS_WEIGHTS, "variables": _KERAS_WEIGHTS}
+
+
 def _pytorch_style_hint(optimizer):
     """What to use instead of a PyTorch-style optimizer (``mindspore.experimental.optim``, ``mint.optim``)."""
     if not is_parameter_optimizer(optimizer):
@@ -450,4 +460,8 @@ class LossScaleOptimizer(nn.Cell):
             inner = self.__dict__.get("_cells", {}).get("_inner")
             if inner is None or name.startswith("__"):
                 raise
+        try:
             return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(f"'LossScaleOptimizer' object has no attribute {name!r}, and its inner optimizer "
+                                 f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}") from None

@@ -223,6 +223,24 @@ def test_hyperparameters_are_delegated():
     assert _value(inner.learning_rate) == 0.125
 
 
+@pytest.mark.parametrize("name, hint", [("get_config", "save_checkpoint"), ("from_config", "save_checkpoint"),
+                                        ("get_weights", "get_parameters"), ("set_weights", "load_param_into_net"),
+                                        ("variables", "get_parameters"), ("no_such_thing", None)])
+def test_a_missing_attribute_is_named_on_the_wrapper(name, hint):
+    """An attribute neither the wrapper nor the inner optimizer has was reported as "The 'SGD' object has no
+    attribute ..." (the inner optimizer's error), also for Keras' own methods that have no MindSpore
+    counterpart (get_config/from_config, get_weights/set_weights, variables). Both are named now, with the
+    MindSpore way for Keras' methods; still an AttributeError, so hasattr() answers False."""
+    opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
+    with pytest.raises(AttributeError, match=rf"'LossScaleOptimizer' object has no attribute '{name}', and its "
+                                             rf"inner optimizer \(SGD\) has none either") as missing:
+        getattr(opt, name)
+    if hint is not None:
+        assert hint in str(missing.value)
+    assert not hasattr(opt, name)
+    assert hasattr(opt, "learning_rate") and hasattr(opt, "parameters")
+
+
 @pytest.mark.parametrize("value", [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf")])
 def test_bad_learning_rates_are_refused(value):
     opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
