@@ -185,14 +185,15 @@ def test_accumulation_over_two_micro_batches():
     _same_training_state(control_net, net)
 
 
+@pytest.mark.parametrize("condition", [bool, Tensor], ids=["python_bool", "tensor"])
 @pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2},
                                       {"init_scale": 1024.0, "growth_interval": 2}], ids=["paddle", "torch"])
-def test_step_and_update_under_a_python_if_in_a_compiled_step_train_as_eagerly(spelling):
-    """A compiled step that steps and updates only when a Python bool argument says so (one optimizer step per
-    window of calls), computing its gradients itself: step()'s and update()'s writes under that `if` reach the
-    scaler as when the function runs eagerly, an inf batch included. (With the gradients given as an argument of
-    the compiled function instead, MindSpore 2.10 dropped update()'s writes under such an `if`:
-    docs/quickstart.md.)"""
+def test_step_and_update_under_an_if_in_a_compiled_step_train_as_eagerly(spelling, condition):
+    """A compiled step that steps and updates only when an argument says so (a Python bool or a bool Tensor; one
+    optimizer step per window of calls), computing its gradients itself: step()'s and update()'s writes under
+    that `if` reach the scaler as when the function runs eagerly, an inf batch included. (With the gradients
+    given as an argument of the compiled function instead, MindSpore 2.10 dropped update()'s writes under such
+    an `if`: docs/quickstart.md.)"""
     def train(compiled):
         net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
         opt = nn.SGD(net.trainable_params(), 0.1)
@@ -214,7 +215,7 @@ def test_step_and_update_under_a_python_if_in_a_compiled_step_train_as_eagerly(s
         trajectory = []
         for index in range(8):
             x = np.full((1, 2), np.inf if index == 3 else 1.0, np.float32)
-            train_step(Tensor(x), index % 2 == 1).asnumpy()
+            train_step(Tensor(x), condition(index % 2 == 1)).asnumpy()
             trajectory.append((net.weight.asnumpy().tolist(), scaler.get_scale()))
         return trajectory, scaler.state_dict()
 
