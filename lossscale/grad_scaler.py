@@ -256,7 +256,7 @@ class _IterationGraph:
         Not merged with the refusal under an ``if``: MindSpore 2.10 dropped the writes of such a branch from a
         compiled ``update()`` (measured)."""
         overflow = self._core.is_overflow(self._states.any_found())
-        self._core._apply_rule(overflow)  # pylint: disable=protected-access (positional: see LossScaler._apply_rule)
+        self._core._apply_rule(overflow)  # pylint: disable=protected-access
         return self._states.reset()
 
 
