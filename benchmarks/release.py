@@ -2,12 +2,15 @@
 
 ``materialise(ref)`` extracts ``lossscale/`` at git revision ``ref`` of this repository into a
 temporary folder, renames the package (and its own imports) to ``lossscale_release`` and puts the
-folder on ``sys.path``, so one process can build and time both versions side by side. The default
-revision is the 0.1.0 release, the last before the core/front-end redesign.
+folder on ``sys.path``, so one process can build and time both versions side by side. The folder
+is removed when the process exits. The default revision is the 0.1.0 release, the last before the
+core/front-end redesign.
 """
+import atexit
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -27,6 +30,7 @@ def materialise(ref=RELEASE_0_1_0):
     except (OSError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"cannot extract lossscale at {ref!r} with git: {error}") from None
     folder = tempfile.mkdtemp(prefix="lossscale_release_")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     package = os.path.join(folder, "lossscale_release")
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():

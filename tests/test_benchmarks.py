@@ -64,3 +64,22 @@ def test_first_call_ladder_smoke_run():
     rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")][1:]
     assert rows == ["current", "- runtime raises", "- after-unscale_ branch", "- rule in Parameters",
                     "- non-finite loss term", "- all four"], done.stdout
+
+
+def test_release_materialise_renames_the_package_and_removes_its_folder_at_exit(tmp_path):
+    """``benchmarks/release.py`` gives 0.1.0 as ``lossscale_release`` (its own imports renamed, so it never
+    loads the current package) and leaves no temporary folder behind (it left one per benchmark run)."""
+    if subprocess.run(["git", "-C", ROOT, "cat-file", "-e", "ed60d3f^{commit}"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("needs this repository's git history (the 0.1.0 commit)")
+    script = ("import os, sys; sys.path.insert(0, os.path.join(sys.argv[1], 'benchmarks')); import release; "
+              "module = release.materialise(); folder = os.path.dirname(os.path.dirname(module.__file__)); "
+              "print(folder); print(sorted(name for name in sys.modules if name.split('.')[0] == 'lossscale')); "
+              "print(module.GradScaler.__module__)")
+    done = subprocess.run([sys.executable, "-c", script, ROOT], capture_output=True, text=True, timeout=300,
+                          check=False, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder, current_modules, module_of_class = done.stdout.splitlines()[-3:]
+    assert os.path.dirname(folder) == str(tmp_path) and os.path.basename(folder).startswith("lossscale_release_")
+    assert current_modules == "[]" and module_of_class.startswith("lossscale_release.")
+    assert not os.path.exists(folder) and not os.listdir(tmp_path)
