@@ -1373,22 +1373,36 @@ def test_settings_reach_a_step_compiled_before_them(change, flags, expected, com
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_switching_fixed_and_dynamic_reaches_a_compiled_step(compiled):
-    scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=1)
+    """A switch takes effect in a step compiled before it; while fixed, the counters stand still (Paddle's
+    update() returns before counting), so a clean step neither counts towards the next growth nor an overflow
+    towards the next backoff."""
+    scaler = GradScaler(init_loss_scaling=256.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
     step = _basic(scaler, net, opt)
     step = ms.jit(step) if compiled else step
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
+
+    def counts():
+        state = scaler.state_dict()
+        return float(state["scale"][0]), state["incr_count"], state["decr_count"]
+
     step(x, y, Tensor(False))
-    assert scaler.get_scale() == 512.0
+    assert counts() == (256.0, 1, 0)
     state = dict(scaler.state_dict(), use_dynamic_loss_scaling=False)
     scaler.load_state_dict(state)
-    step(x, y, Tensor(False))
+    for overflow in (False, True):
+        step(x, y, Tensor(overflow))
+    _, grads = _grad_fn(scaler, net, opt)(x, y)
+    scaler.unscale_(_poison(grads, Tensor(True)))
+    scaler.update()  # an overflow recorded, but no step: update() does nothing to a fixed scale
+    assert counts() == (256.0, 1, 0) and not scaler.is_use_dynamic_loss_scaling()
+    scaler.load_state_dict(dict(scaler.state_dict(), use_dynamic_loss_scaling=True))
     step(x, y, Tensor(True))
-    assert scaler.get_scale() == 512.0 and not scaler.is_use_dynamic_loss_scaling()
-    scaler.load_state_dict(dict(state, use_dynamic_loss_scaling=True))
-    step(x, y, Tensor(False))
-    assert scaler.get_scale() == 1024.0
+    assert counts() == (256.0, 0, 1)  # the first of two overflows per backoff
+    for _ in range(3):
+        step(x, y, Tensor(False))
+    assert counts() == (512.0, 0, 0)
 
 
 class _Float16Regression(nn.Cell):
