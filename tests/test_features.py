@@ -336,6 +336,25 @@ def test_forensics_names_the_parameters_and_the_loss(caplog):
     assert "overflow at step 3: loss non-finite: True; non-finite gradients: a" in caplog.text
 
 
+def test_forensics_with_accumulation_name_every_micro_batch_of_the_window():
+    """The flags are ORed over an accumulation window (an overflow in its first micro-batch is still named at its
+    end) and start afresh with the next window."""
+    net = TwoInputs()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
+                                         debug_overflow=True, accumulation_steps=2)
+    ones3, ones2 = Tensor(np.ones(3, np.float32)), Tensor(np.ones(2, np.float32))
+    nan_b, inf_a = Tensor(np.array([1.0, np.nan], np.float32)), Tensor(np.array([np.inf, 1.0, 1.0], np.float32))
+    windows = [((ones3, nan_b), (inf_a, ones2)), ((inf_a, ones2), (ones3, ones2)), ((ones3, ones2), (ones3, nan_b))]
+    for first, second in windows:
+        step(*first)
+        step(*second)
+    assert step.overflow_reports == [
+        {"step": 1, "loss_nonfinite": True, "parameters": ["a", "b"]},
+        {"step": 2, "loss_nonfinite": True, "parameters": ["a"]},
+        {"step": 3, "loss_nonfinite": True, "parameters": ["b"]},
+    ]
+
+
 def test_forensics_with_a_non_finite_loss_only():
     net = LossPlusInput()
     step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
