@@ -361,6 +361,39 @@ def test_wrongly_scaled_gradients_are_refused(compiled, scale_loss, unscale, pat
     assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_every_iteration_is_checked_afresh(compiled):
+    """The scaling calls are recorded per iteration: after a correct iteration, one that scales the loss but not
+    the gradients (or the other way round) is refused too, not let through by the previous iteration's records."""
+    net = regression_net()
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
+
+    def forward(x, y):
+        return opt.get_scaled_loss(net(x, y))
+
+    scaled_fn, plain_fn = ms.value_and_grad(forward, None, opt.parameters), ms.value_and_grad(net, None, opt.parameters)
+
+    def correct(x, y):
+        return opt.apply_gradients(opt.get_unscaled_gradients(scaled_fn(x, y)[1]))
+
+    def scaled_only(x, y):
+        return opt.apply_gradients(scaled_fn(x, y)[1])
+
+    def unscaled_only(x, y):
+        return opt.apply_gradients(opt.get_unscaled_gradients(plain_fn(x, y)[1]))
+
+    compile_ = ms.jit if compiled else (lambda step: step)
+    correct = compile_(correct)
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    for wrong, pattern in ((scaled_only, "loss_scale times too large"), (unscaled_only, "1/loss_scale")):
+        assert not bool(_read(correct(x, y)))
+        before = training_state(net)
+        with pytest.raises(RuntimeError, match=pattern):
+            _read(compile_(wrong)(x, y))
+        assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert not bool(_read(correct(x, y)))
+
+
 def test_applying_without_the_scaling_calls_warns_once():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
