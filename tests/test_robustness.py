@@ -608,13 +608,19 @@ def test_extra_outputs_with_accumulation_report_each_micro_batch_and_the_window_
     assert [round(float(outputs[3].asnumpy()), 6) for outputs in (micro, last)] == [0.1, 0.1]
 
 
-@pytest.mark.parametrize("per_micro_batch, expected", [(False, 2), (True, 8)])
-def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, expected):
+@pytest.mark.parametrize("per_micro_batch, inject, expected", [
+    (False, (), 2), (True, (), 8),
+    (False, (5,), 1), (True, (5,), 8),  # the second window skipped (an inf in its second micro-batch)
+], ids=["per_step", "per_micro_batch", "per_step_skipped_window", "per_micro_batch_skipped_window"])
+def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, inject, expected):
+    """By default global_step counts applied optimizer steps; with lr_per_micro_batch every call, in a skipped
+    window too (docs/training.md)."""
     net = regression_net()
     optimizer = nn.SGD(net.trainable_params(), 0.01)
     cell = TrainOneStepWithLossScaleCell(net, optimizer, Tensor(np.float32(64.0)), accumulation_steps=4,
                                          lr_per_micro_batch=per_micro_batch)
-    _run(cell, BATCHES)
+    overflows = _run(cell, BATCHES, inject)[0]
+    assert overflows == [False] * 7 + [bool(inject)]
     assert int(optimizer.global_step.asnumpy().reshape(-1)[0]) == expected
 
 
