@@ -24,6 +24,11 @@ def test_record_counts_skips_and_events():
     assert (summary["steps"], summary["skipped_steps"], summary["overflow_events"]) == (6, 3, 2)
     assert (summary["min_loss_scale"], summary["max_loss_scale"], summary["final_loss_scale"]) == (32.0, 1024.0, 32.0)
     assert "6 steps, 3 skipped (50.0%) in 2 overflow events" in monitor.format_summary()
+    growing = LossScaleMonitor(print_summary=False)  # the first step used the smallest scale, the last the largest
+    for scale in (8.0, 16.0, 32.0):
+        growing.record(epoch=1, loss=1.0, loss_scale=scale, overflow=False, next_loss_scale=2 * scale)
+    summary = growing.summary()
+    assert (summary["min_loss_scale"], summary["max_loss_scale"], summary["final_loss_scale"]) == (8.0, 32.0, 64.0)
 
 
 def test_final_loss_ignores_non_finite_losses():
@@ -157,11 +162,16 @@ def test_one_row_per_optimizer_step_under_accumulation():
                                          accumulation_steps=4)
     monitor = LossScaleMonitor(print_summary=False)
     monitor.on_train_begin(_context(None, step))
+    losses = []
     for call, (x, y) in enumerate(regression_batches(16)):
         if call in (2, 9):
             x = with_inf(x)
-        monitor.on_train_step_end(_context(step(Tensor(x), Tensor(y)), step))
+        outputs = step(Tensor(x), Tensor(y))
+        losses.append(float(outputs[0].asnumpy()))
+        monitor.on_train_step_end(_context(outputs, step))
     assert [r["overflow"] for r in monitor.records] == [True, False, True, False]
+    np.testing.assert_allclose([r["loss"] for r in monitor.records],  # a row's loss: the mean of its window's
+                               np.reshape(losses, (4, 4)).mean(axis=1), rtol=1e-6)
     assert [r["loss_scale"] for r in monitor.records] == [1024.0, 512.0, 512.0, 256.0]
     assert "4 steps, 2 skipped (50.0%)" in monitor.format_summary()
     assert step.overflow_counters()["skipped_steps"] == 2
