@@ -10,6 +10,7 @@ from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, M
 
 from lossscale import (
     DynamicLossScaleManager,
+    DynamicLossScaleUpdateCell,
     FixedLossScaleManager,
     GradScaler,
     LossScaleOptimizer,
@@ -283,8 +284,9 @@ def test_build_train_network_levels(level, manager, expected_type):
     kwargs = {} if manager is None else {"loss_scale_manager": manager}
     train_net = build_train_network(net, nn.SGD(net.trainable_params(), 0.1), _loss_fn(), level=level, **kwargs)
     assert type(train_net) is expected_type
-    if level == "O2" and manager is None:
-        assert train_net.get_loss_scale() == 2**24  # MindSpore's O2 default manager
+    if level == "O2" and manager is None:  # MindSpore's O2 default manager, as ours (never MindSpore's own cell)
+        assert type(train_net.loss_scaling_manager) is DynamicLossScaleUpdateCell
+        assert train_net.loss_scaling_manager.policy == DynamicLossScaleManager().policy
     x, y = _classification_data()
     outputs = train_net(Tensor(x[:8]), Tensor(y[:8]))
     loss = outputs[0] if isinstance(outputs, tuple) else outputs
@@ -311,6 +313,21 @@ def test_model_without_manager_is_mindspore_default():
     net = nn.Dense(8, 2)
     model = Model(net, _loss_fn(), nn.SGD(net.trainable_params(), 0.1))
     assert type(model.train_network) is nn.TrainOneStepCell
+
+
+@pytest.mark.parametrize("keep_batchnorm_fp32", [None, True, False])
+def test_model_o2_without_manager_scales_dynamically_and_passes_keep_batchnorm_fp32(keep_batchnorm_fp32):
+    """amp_level="O2" alone trains with our dynamic update cell at MindSpore's defaults; keep_batchnorm_fp32 reaches
+    the amp level (None: the level's default, True: the BatchNorm is wrapped to run in float32)."""
+    net = nn.SequentialCell(nn.Dense(4, 4), nn.BatchNorm1d(4), nn.Dense(4, 2))
+    kwargs = {} if keep_batchnorm_fp32 is None else {"keep_batchnorm_fp32": keep_batchnorm_fp32}
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), amp_level="O2", **kwargs)
+    train_net = model.train_network
+    assert type(train_net) is TrainOneStepWithLossScaleCell
+    assert type(train_net.loss_scaling_manager) is DynamicLossScaleUpdateCell
+    assert train_net.loss_scaling_manager.policy == DynamicLossScaleManager().policy
+    batch_norm_position = dict(train_net.cells_and_names())["network._backbone.1"]
+    assert isinstance(batch_norm_position, nn.BatchNorm1d) == (keep_batchnorm_fp32 is False)
 
 
 def _functional_run(make_scaler, step_with):
