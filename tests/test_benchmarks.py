@@ -74,8 +74,8 @@ def test_release_materialise_renames_the_package_and_removes_its_folder_at_exit(
         pytest.skip("needs this repository's git history (the 0.1.0 commit)")
     script = ("import os, sys; sys.path.insert(0, os.path.join(sys.argv[1], 'benchmarks')); import release; "
               "module = release.materialise(); folder = os.path.dirname(os.path.dirname(module.__file__)); "
-              "print(folder); print(sorted(name for name in sys.modules if name.split('.')[0] == 'lossscale')); "
-              "print(module.GradScaler.__module__)")
+              "cls = module.GradScaler; print(folder); "
+              "print(sorted(name for name in sys.modules if name.split('.')[0] == 'lossscale')); print(cls.__module__)")
     done = subprocess.run([sys.executable, "-c", script, ROOT], capture_output=True, text=True, timeout=300,
                           check=False, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert done.returncode == 0, done.stderr[-3000:]
