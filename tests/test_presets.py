@@ -238,6 +238,16 @@ def test_paddle_counts_consecutive_bad_steps():
     assert [s.scale for s in run(policy, [T, F, T, F, T, T, T, T])] == [64, 64, 64, 64, 64, 32, 32, 16]
 
 
+@pytest.mark.parametrize("name, overrides, backoff", [
+    ("mindspore", dict(growth_factor=4.0), 0.25),  # MindSpore's backoff is 1/scale_factor: it follows the override
+    ("mindspore", dict(growth_factor=4.0, backoff_factor=0.5), 0.5),  # unless the backoff is overridden too
+    ("pytorch", dict(growth_factor=4.0), 0.5),  # PyTorch's backoff is its own argument
+    ("megatron", dict(growth_factor=3.0), 0.5),
+])
+def test_growth_override_keeps_how_the_preset_defines_its_backoff(name, overrides, backoff):
+    assert get_preset(name, **overrides).backoff_factor == backoff
+
+
 def test_preset_errors():
     with pytest.raises(ValueError, match="'preset'.*'tensorflow'"):
         get_preset("tensorflow")
