@@ -1042,6 +1042,60 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     assert scaler.get_scale() == 1024.0
 
 
+def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
+    """A refused unscale_() leaves the record of the accepted one: the iteration's overflow (found by the first
+    unscale_) still skips the step, and a refused unscale_() after step() does not reopen the iteration to a
+    second step."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+    x, y = [Tensor(a) for a in regression_batches(1)[0]]
+    _, grads = grad_fn(x, y)
+    unscaled = scaler.unscale_(_poison(grads, Tensor(True)))
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called"):
+        _read(scaler.unscale_(grad_fn(x, y)[1]))  # clean gradients, refused
+    before = training_state(net)
+    assert bool(_read(scaler.step(opt, tuple(ops.clip_by_value(g, -1.0, 1.0) for g in unscaled))))  # still skipped
+    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert scaler.update().get_scale() == 512.0
+    _, grads = grad_fn(x, y)
+    assert not bool(_read(scaler.step(opt, grads)))
+    after_step = training_state(net)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) is being called after step"):
+        _read(scaler.unscale_(grads))
+    with pytest.raises(RuntimeError, match=r"step\(\) has already been called since the last update"):
+        _read(scaler.step(opt, grads))
+    assert all(np.array_equal(after_step[k], v) for k, v in training_state(net).items())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("spelling", [{"init_scale": 1.0}, {"init_loss_scaling": 1.0, "use_dynamic_loss_scaling": False}],
+                         ids=["torch", "paddle_fixed"])
+def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled):
+    """At scale 1 the gradients unscale_() returns are the very values it was given, so step() must not take them
+    for the still-scaled gradients (unscale_() to inspect or log the gradients, then step(), PyTorch's recipe)."""
+    control_net, net = regression_net(), regression_net()
+    control_opt, opt = nn.SGD(control_net.trainable_params(), 0.05), nn.SGD(net.trainable_params(), 0.05)
+    scaler = GradScaler(**spelling)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def scaled(x, y):
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(opt, scaler.unscale_(grads))
+        scaler.update()
+        return skipped
+
+    control = _control(control_net, control_opt)
+    if compiled:
+        control, scaled = ms.jit(control), ms.jit(scaled)
+    for x, y in _batches():
+        control(x, y, Tensor(False))
+        assert not bool(_read(scaled(x, y)))
+    assert scaler.get_scale() == 1.0
+    _same_training_state((control_net, control_opt), (net, opt))
+
+
 def _clamped(grads):
     return tuple(ops.clip_by_value(g, -0.05, 0.05) for g in grads)
 
