@@ -1096,6 +1096,32 @@ def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled
     _same_training_state((control_net, control_opt), (net, opt))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_unscale_then_step_with_all_zero_gradients_is_not_refused(compiled):
+    """All-zero gradients (a loss already at its minimum) are the same scaled and unscaled: step() after unscale_()
+    must not take them for the scaled gradients unscale_() was given."""
+    net = nn.Dense(2, 1, weight_init="zeros", bias_init="zeros")
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    scaler = GradScaler("cuda", init_scale=1024.0)
+
+    def forward(x, y):
+        return scaler.scale(ops.mse_loss(net(x), y))
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(opt, scaler.unscale_(grads))
+        scaler.update()
+        return skipped
+
+    step = ms.jit(step) if compiled else step
+    x, y = Tensor(np.ones((4, 2), np.float32)), Tensor(np.zeros((4, 1), np.float32))
+    for _ in range(2):
+        assert not bool(_read(step(x, y)))
+    assert scaler.get_scale() == 1024.0 and int(opt.global_step.asnumpy().reshape(-1)[0]) == 2
+
+
 def _clamped(grads):
     return tuple(ops.clip_by_value(g, -0.05, 0.05) for g in grads)
 
