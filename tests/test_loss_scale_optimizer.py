@@ -256,6 +256,18 @@ def test_learning_rate_of_a_schedule_is_refused():
         opt.learning_rate = 0.5
 
 
+def test_learning_rate_of_parameter_groups_is_refused_and_left_as_it_is():
+    net = regression_net()
+    weights, biases = [p for p in net.trainable_params() if "weight" in p.name], [
+        p for p in net.trainable_params() if "bias" in p.name]
+    opt = LossScaleOptimizer(nn.SGD([{"params": weights, "lr": 0.1}, {"params": biases, "lr": 0.01}], 0.05))
+    rates = [round(_value(rate), 6) for rate in opt.inner_optimizer.learning_rate]  # one per parameter
+    assert sorted(set(rates)) == [0.01, 0.1]
+    with pytest.raises(ValueError, match="per-group rates"):
+        opt.learning_rate = 0.5
+    assert [round(_value(rate), 6) for rate in opt.inner_optimizer.learning_rate] == rates
+
+
 BAD_ARGUMENTS = [
     (dict(dynamic=False), "'initial_scale' must be specified if 'dynamic' is False"),
     (dict(dynamic=False, initial_scale=8.0, dynamic_growth_steps=10), "'dynamic_growth_steps' must be None"),
