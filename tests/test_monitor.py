@@ -170,7 +170,7 @@ def test_one_row_per_optimizer_step_under_accumulation():
         losses.append(float(outputs[0].asnumpy()))
         monitor.on_train_step_end(_context(outputs, step))
     assert [r["overflow"] for r in monitor.records] == [True, False, True, False]
-    np.testing.assert_allclose([r["loss"] for r in monitor.records],  # a row's loss: the mean of its window's
+    np.testing.assert_allclose([r["loss"] for r in monitor.records],  # a row's loss: its window's mean loss
                                np.reshape(losses, (4, 4)).mean(axis=1), rtol=1e-6)
     assert [r["loss_scale"] for r in monitor.records] == [1024.0, 512.0, 512.0, 256.0]
     assert "4 steps, 2 skipped (50.0%)" in monitor.format_summary()
