@@ -1069,6 +1069,19 @@ def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
     assert all(np.array_equal(after_step[k], v) for k, v in training_state(net).items())
 
 
+def _unscale_then_step(scaler, net, opt):
+    """``step(x, y) -> skipped``: ``unscale_`` the gradients, pass what it returns to ``step``, ``update``."""
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(opt, scaler.unscale_(grads))
+        scaler.update()
+        return skipped
+
+    return step
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("spelling", [{"init_scale": 1.0}, {"init_loss_scaling": 1.0, "use_dynamic_loss_scaling": False}],
                          ids=["torch", "paddle_fixed"])
@@ -1078,15 +1091,7 @@ def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled
     control_net, net = regression_net(), regression_net()
     control_opt, opt = nn.SGD(control_net.trainable_params(), 0.05), nn.SGD(net.trainable_params(), 0.05)
     scaler = GradScaler(**spelling)
-    grad_fn = _grad_fn(scaler, net, opt)
-
-    def scaled(x, y):
-        _, grads = grad_fn(x, y)
-        skipped = scaler.step(opt, scaler.unscale_(grads))
-        scaler.update()
-        return skipped
-
-    control = _control(control_net, control_opt)
+    scaled, control = _unscale_then_step(scaler, net, opt), _control(control_net, control_opt)
     if compiled:
         control, scaled = ms.jit(control), ms.jit(scaled)
     for x, y in _batches():
@@ -1100,21 +1105,10 @@ def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled
 def test_unscale_then_step_with_all_zero_gradients_is_not_refused(compiled):
     """All-zero gradients (a loss already at its minimum) are the same scaled and unscaled: step() after unscale_()
     must not take them for the scaled gradients unscale_() was given."""
-    net = nn.Dense(2, 1, weight_init="zeros", bias_init="zeros")
+    net = nn.WithLossCell(nn.Dense(2, 1, weight_init="zeros", bias_init="zeros"), nn.MSELoss())
     opt = nn.SGD(net.trainable_params(), 0.05)
     scaler = GradScaler("cuda", init_scale=1024.0)
-
-    def forward(x, y):
-        return scaler.scale(ops.mse_loss(net(x), y))
-
-    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
-
-    def step(x, y):
-        _, grads = grad_fn(x, y)
-        skipped = scaler.step(opt, scaler.unscale_(grads))
-        scaler.update()
-        return skipped
-
+    step = _unscale_then_step(scaler, net, opt)
     step = ms.jit(step) if compiled else step
     x, y = Tensor(np.ones((4, 2), np.float32)), Tensor(np.zeros((4, 1), np.float32))
     for _ in range(2):

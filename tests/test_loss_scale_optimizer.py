@@ -257,10 +257,10 @@ def test_learning_rate_of_a_schedule_is_refused():
 
 
 def test_learning_rate_of_parameter_groups_is_refused_and_left_as_it_is():
-    net = regression_net()
-    weights, biases = [p for p in net.trainable_params() if "weight" in p.name], [
-        p for p in net.trainable_params() if "bias" in p.name]
-    opt = LossScaleOptimizer(nn.SGD([{"params": weights, "lr": 0.1}, {"params": biases, "lr": 0.01}], 0.05))
+    params = regression_net().trainable_params()
+    groups = [{"params": [p for p in params if "weight" in p.name], "lr": 0.1},
+              {"params": [p for p in params if "bias" in p.name], "lr": 0.01}]
+    opt = LossScaleOptimizer(nn.SGD(groups, 0.05))
     rates = [round(_value(rate), 6) for rate in opt.inner_optimizer.learning_rate]  # one per parameter
     assert sorted(set(rates)) == [0.01, 0.1]
     with pytest.raises(ValueError, match="per-group rates"):
