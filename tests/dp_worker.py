@@ -22,7 +22,6 @@ import sys
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
-from mindspore.communication import get_group_size, get_rank, init
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
@@ -31,6 +30,7 @@ from nets import (  # noqa: E402  pylint: disable=wrong-import-position
 
 from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
                        TrainOneStepWithLossScaleCell)
+from lossscale.distributed import init_data_parallel  # noqa: E402
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
 RUNS = ("inject", "clean", "loss", "loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras", "accumulate",
@@ -142,9 +142,7 @@ def train_minimize_with_nonfinite_loss(rank):
 
 def main(out):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    rank, size = get_rank(), get_group_size()
+    rank, size = init_data_parallel()  # the library's, as the command line's data-parallel training uses it
     report = {"size": size}
     for run in RUNS:
         if run == "loss":

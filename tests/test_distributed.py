@@ -1,7 +1,9 @@
 """Two ranks on loopback with msrun: every rank skips together (run by CI, bounded, no leftovers)."""
 import json
 import os
+import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -133,6 +135,38 @@ def test_no_process_left_behind(two_ranks):
     leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
                  if worker in (p.info["cmdline"] or []) and output in (p.info["cmdline"] or [])]
     assert leftovers == []
+
+
+def _alive(marker):
+    """The pids of living processes whose command line holds ``marker`` (a killed orphan is reaped by init: waited
+    for, up to 10 s)."""
+    for _ in range(100):
+        alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
+                 if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+@pytest.mark.parametrize("launcher_ends", ["by itself", "by its timeout"])
+def test_run_msrun_kills_what_the_launcher_leaves_behind(tmp_path, launcher_ends):
+    """A worker that outlives msrun (a launcher that exits, or one that run_msrun stops at its timeout, without
+    waiting for it) is killed with its process group: nothing of a launch survives it."""
+    marker = str(tmp_path / "worker")
+    worker = [sys.executable, "-c", "import time; time.sleep(120)", marker]
+    launcher = (f"import subprocess, time; subprocess.Popen({worker!r}, stdout=subprocess.DEVNULL, "
+                f"stderr=subprocess.DEVNULL); print('started', flush=True)")
+    if launcher_ends == "by its timeout":
+        launcher += "; time.sleep(120)"
+        started = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_msrun([sys.executable, "-c", launcher], timeout=5)
+        assert time.monotonic() - started < 60  # not after the launcher's own 120 s
+    else:
+        done = run_msrun([sys.executable, "-c", launcher], timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "started"
+    assert _alive(marker) == []
 
 
 @pytest.mark.slow  # kept long: it is what the test checks (a full run)
