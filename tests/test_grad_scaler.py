@@ -24,6 +24,7 @@ from mindspore.common.api import _JitExecutor  # pylint: disable=protected-acces
 from backend_standins import SaturatingNet, StatusRegister
 from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
                        TrainOneStepWithLossScaleCell, get_preset)
+from lossscale._eager_calls import CompiledCalls
 from lossscale.optimizer_states import DEFAULT_CAPACITY
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
@@ -2190,6 +2191,26 @@ def test_eager_calls_compile_once_and_train_as_the_control(mode, monkeypatch):
         assert scaler.get_scale() == 128.0 * 2**4 * 0.5  # grew at each clean iteration, backed off at the inf one
     finally:
         ms.set_context(mode=previous)
+
+
+@ms.jit_class
+class _Multiplier:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def times(self, grads):
+        return tuple(grad * self.factor for grad in grads)
+
+
+def test_compiled_calls_keep_a_graph_per_object():
+    """Two objects' methods of one name each run their own compiled graph, at every call (one keyed by the
+    method's name alone would run the first object's, writing its Parameters); what is not a tuple of dense
+    Tensors runs as it is."""
+    calls, double, triple = CompiledCalls(), _Multiplier(2.0), _Multiplier(3.0)
+    grads = (Tensor(np.ones(2, np.float32)),)
+    for _ in range(2):
+        assert [calls.run(obj.times, grads)[0].asnumpy().tolist() for obj in (double, triple)] == [[2, 2], [3, 3]]
+    assert calls.run(double.times, ()) == ()
 
 
 @pytest.mark.parametrize("misuse", MISUSES)
