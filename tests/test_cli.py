@@ -11,7 +11,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from lossscale.cli import EXIT_STALLED, EXIT_USAGE, CliError, build_parser, main, parse_loss_scale
+from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, build_parser, comparison_verdict, main,
+                           parse_loss_scale, scale_advice)
 from lossscale.diagnostics import magnitude_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,13 +51,23 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert f"note: replacing metrics.csv, summary.json, training.png in {tmp_path}" in capsys.readouterr().err
 
 
-def test_train_shows_a_progress_bar_with_the_unweighted_loss_and_the_scale(tmp_path, capsys):
+def test_train_shows_prints_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsys, monkeypatch):
+    """The progress bar, the final line and the plot show the cross-entropy, not the loss times --loss-weight (the
+    summary's records keep the weighted loss, the one that was trained)."""
+    plotted = []
+    monkeypatch.setattr("lossscale.plots.plot_training", lambda records, path, title: plotted.append(records) or path)
     assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "256", "--loss-weight", "1e-4",
                  "--output", str(tmp_path)]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "epoch 1/1" in err and "scale=2**" in err and "skipped=" in err
     losses = [float(v) for v in re.findall(r"loss=([0-9.]+)", err)]
     assert losses and min(losses) > 0.1  # the cross-entropy, not the loss times 1e-4
+    weighted_final = json.loads((tmp_path / "summary.json").read_text())["final_loss"]
+    printed_final = float(re.search(r"final loss: ([0-9.]+)", out).group(1))
+    assert printed_final == pytest.approx(weighted_final / 1e-4, abs=1e-4) and printed_final > 0.1
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
+        weighted = [float(row["loss"]) for row in csv.DictReader(handle)]
+    np.testing.assert_allclose([record["loss"] for record in plotted[0]], np.array(weighted) / 1e-4, rtol=1e-6)
 
 
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):
@@ -96,6 +107,8 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
     (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
     (["train", "--workers", "2", "--batch-size", "720"],  # said "larger than the 1438", from a worker, after msrun
      "--batch-size 720 is larger than the 719 training images of each of the 2 workers (1438 in all)"),
+    (["train", "--workers", "3", "--batch-size", "481"],  # MindSpore gives each of 3 workers ceil(1438 / 3) images
+     "--batch-size 481 is larger than the 480 training images of each of the 3 workers (1438 in all)"),
     (["train", "--precision", "fp8"], "--precision"),
     (["train", "--lr", "-1"], "--lr: must be a finite number > 0, got '-1'"),
     (["train", "--lr", "nan"], "--lr: must be a finite number > 0, got 'nan'"),
@@ -151,6 +164,7 @@ def test_help_shows_each_commands_own_defaults():
     assert "(0: the untrained network only) (default: 0)" in flat["inspect"]
     assert "--scale-window" not in flat["inspect"] and "--loss-scale" not in flat["inspect"]
     assert "{O2,O3}" in flat["compare"] and "{O2,O3}" in flat["inspect"]
+    assert "no progress bars" in flat["train"] and "(default: False)" not in flat["train"]  # a flag has no default
 
 
 def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys):
@@ -205,8 +219,43 @@ def test_parse_loss_scale():
     assert parse_loss_scale("none")[1]().get_drop_overflow_update() is False
     label, factory = parse_loss_scale("dynamic", scale_window=7)
     assert label == "dynamic" and factory().scale_window == 7
+    label, factory = parse_loss_scale("preset:pytorch", scale_window=7)  # --scale-window applies to a preset too
+    assert label == "preset:pytorch" and factory().scale_window == 7 and factory().get_loss_scale() == 2.0**16
     with pytest.raises(CliError):
         parse_loss_scale("fixed:inf")
+
+
+@pytest.mark.parametrize("fp32, dynamic, relation", [
+    (0.9666, 0.9610, "0.56 percentage points below fp32 (96.66%): more than 0.5 below"),
+    (0.9666, 0.9630, "0.36 percentage points below fp32 (96.66%): not more than 0.5 below"),
+    (0.9610, 0.9666, "0.56 percentage points above fp32 (96.10%): not more than 0.5 below"),
+    (0.9666, 0.96662, "the same as fp32 (96.66%): not more than 0.5 below"),
+])
+def test_comparison_verdict(fp32, dynamic, relation):
+    runs = [("fp32", {"test_accuracy": fp32}), ("fp16 dynamic", {"test_accuracy": dynamic})]
+    assert comparison_verdict(runs) == f"fp16 dynamic reaches {100 * dynamic:.2f}% test accuracy, {relation}"
+
+
+def test_scale_advice_names_the_smallest_safe_scale_and_its_epoch():
+    trajectory = [(0, 2.0**19), (1, 2.0**16), (2, 2.0**17)]
+    assert ("the smallest, 2**16, at epoch 1. Suggested fixed scale: 2**15 (half of it)"
+            in scale_advice(trajectory))
+
+
+def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, capsys, monkeypatch):
+    """msrun exiting with an error (a worker failed) is exit code 2 with the worker logs' folder, not success."""
+    launched = []
+
+    def failing_msrun(command, timeout, env=None, cwd=None):  # pylint: disable=unused-argument
+        launched.append(command)
+        return subprocess.CompletedProcess(command, 1, "", None)
+
+    monkeypatch.setattr("lossscale.distributed.run_msrun", failing_msrun)
+    monkeypatch.delenv("LOSSSCALE_MSRUN_CHILD", raising=False)
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    assert main(["train", *TINY, "--workers", "2", "--output", str(tmp_path)]) == EXIT_USAGE
+    assert "--worker_num=2" in launched[0]
+    _one_error_line(capsys, f"msrun failed with exit code 1; worker logs are in {tmp_path / 'msrun_logs'}")
 
 
 def test_entry_points_version_and_no_clash_with_a_users_own_models(tmp_path):
