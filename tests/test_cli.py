@@ -13,7 +13,7 @@ import pytest
 
 from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, build_parser, comparison_verdict, main,
                            parse_loss_scale, scale_advice)
-from lossscale.diagnostics import magnitude_report
+from lossscale.diagnostics import lost_fraction, magnitude_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -80,9 +80,11 @@ def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypa
 
 def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
     too_large = ["train", *TINY, "--loss-scale", "fixed:1e10"]
-    assert main([*too_large, "--output", str(tmp_path / "warn")]) == 0
+    assert main([*too_large, "--max-consecutive-overflows", "3", "--output", str(tmp_path / "warn")]) == 0
     err = capsys.readouterr().err
     assert "WARNING: overflow stalled training: 11 of 11 steps (100%) were skipped" in err
+    persistent = [line for line in err.splitlines() if line.startswith("lossscale: warning: Persistent overflow")]
+    assert len(persistent) == 1 and "at step 3: 3 consecutive overflowing steps" in persistent[0]  # warn: once
     assert json.loads((tmp_path / "warn" / "summary.json").read_text())["stalled_by_overflow"] is True
     assert main([*too_large, "--overflow-policy", "raise", "--max-consecutive-overflows", "3",
                  "--output", str(tmp_path / "raise")]) == EXIT_STALLED
@@ -326,3 +328,13 @@ def test_magnitude_report_classifies_as_float16_rounds(value, landing, scale):
 def test_largest_safe_scale_is_the_largest_power_of_two_that_stays_finite(largest, safe):
     assert magnitude_report([np.array([largest, 1e-30])], 1.0)["largest_safe_scale"] == safe
     assert np.isfinite(_half(largest * safe)) and np.isinf(_half(largest * safe * 2))
+
+
+@pytest.mark.parametrize("reference, candidate, lost", [
+    ([[1.0, 2.0, 0.0]], [[0.0, 2.0, 0.0]], 0.5),  # a zero where fp32 has none is lost; zero in both is not
+    ([[1.0, -3.0], [4.0]], [[1.0, 0.0], [0.0]], 2 / 3),  # over every tensor
+    ([[1.0]], [[np.inf]], 0.0),  # an overflow is not an element lost to underflow
+    ([[0.0, 0.0]], [[0.0, 0.0]], 0.0),  # nothing to lose
+])
+def test_lost_fraction_counts_elements_flushed_to_zero(reference, candidate, lost):
+    assert lost_fraction([np.array(r) for r in reference], [np.array(c) for c in candidate]) == pytest.approx(lost)

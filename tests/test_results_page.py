@@ -16,7 +16,7 @@ import shlex
 import pytest
 
 from lossscale.cli import main
-from lossscale.results import machine_description
+from lossscale.results import _comparison_rows, machine_description  # pylint: disable=protected-access
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "results.md")
@@ -81,3 +81,13 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
 ])
 def test_number_comparison(old, new, exact, same):
     assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact) == same
+
+
+def test_a_comparison_row_shows_the_first_steps_scale_and_the_final_scale():
+    """"first -> last": the scale the first step used and the one after the last step (the run's page above cannot
+    tell the first step's from the last step's, which are equal there)."""
+    result = {"config": {"loss_weight": 1e-4}, "test_accuracy": 0.5, "final_loss": 1e-4,
+              "gradient_lost_fraction": 0.25, "records": [{"loss_scale": 2.0**24}, {"loss_scale": 2.0**20}],
+              "summary": {"final_loss_scale": 2.0**21, "skipped_steps": 1, "steps": 2}}
+    assert _comparison_rows([("fp16 dynamic", result)])[2] == (
+        "| fp16 dynamic | 50.00 | 1.0000 | 25.000 | 1 of 2 | 2**24 -> 2**21 |")
