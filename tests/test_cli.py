@@ -13,7 +13,7 @@ import pytest
 
 from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, build_parser, comparison_verdict, main,
                            parse_loss_scale, scale_advice)
-from lossscale.diagnostics import lost_fraction, magnitude_report
+from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -338,3 +338,24 @@ def test_largest_safe_scale_is_the_largest_power_of_two_that_stays_finite(larges
 ])
 def test_lost_fraction_counts_elements_flushed_to_zero(reference, candidate, lost):
     assert lost_fraction([np.array(r) for r in reference], [np.array(c) for c in candidate]) == pytest.approx(lost)
+
+
+class _HalfLoss(ms.nn.Cell):
+    """``sum(w * x) * 1e-4`` computed in float16 (a float16 loss, as a network in O3 without a float32 loss has)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="w")
+
+    def construct(self, x):
+        return (ms.ops.cast(self.w, ms.float16) * x).sum() * ms.Tensor(1e-4, ms.float16)
+
+
+def test_gradient_probe_takes_a_float16_loss_and_unscales_its_gradients():
+    """The probe gives the sens in the loss's dtype, as the train cell does (a float32 sens with a float16 loss is a
+    type error in MindSpore): at scale 1 the 1e-8 gradient flushes to zero in float16, at 2**14 it is kept."""
+    probe, x = GradientProbe(_HalfLoss()), ms.Tensor(np.array([1e-4, 1.0], np.float16))
+    at_one, scaled = (unscaled_gradients(probe, (x,), scale)[0] for scale in (1.0, 2.0**14))
+    expected = np.array([1e-4, 1.0]) * 1e-4
+    assert at_one[0] == 0.0 and at_one[1] == pytest.approx(expected[1], rel=1e-3)
+    np.testing.assert_allclose(scaled, expected, rtol=2e-3)
