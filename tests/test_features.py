@@ -248,6 +248,13 @@ def test_host_side_checks_refuse_to_be_compiled_into_another_graph(options):
     else:
         assert bool(step(*bad)[1].asnumpy()) and step.overflow_reports[0]["step"] == 1
 
+    @ms.jit
+    def compiled_after_the_cells_own_calls(x, y):
+        return step(x, y)
+
+    with pytest.raises(RuntimeError, match="checks .* on the host after each call of the cell"):
+        compiled_after_the_cells_own_calls(*bad)  # the cell's own compile and call ended: refused still
+
 
 def test_warn_once_and_skip_never_complains():
     step = _policy_step(overflow_policy="warn", max_consecutive_overflows=2)
