@@ -82,6 +82,13 @@ def training_state(cell):
     return {name: value for name, value in snapshot(cell).items() if not is_loss_scale_state(name)}
 
 
+def changed_since(before, cell, state=training_state):
+    """The sorted names whose values in ``state(cell)`` differ from ``before`` (an earlier ``state(cell)``; NaN equals
+    NaN): ``assert changed_since(before, net) == []`` after a step that must change nothing names what it changed."""
+    return sorted(name for name, value in state(cell).items()
+                  if not np.array_equal(before[name], value, equal_nan=True))
+
+
 def group_optimizer(net, lr=0.05, weight_decay=0.01):
     """``nn.SGD`` with the usual weight-decay groups: its parameters are the weights, then the biases, not the
     network's order (gradients taken with respect to ``net.trainable_params()`` do not fit it)."""

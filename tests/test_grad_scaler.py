@@ -28,7 +28,7 @@ from lossscale._eager_calls import CompiledCalls
 from lossscale.optimizer_states import DEFAULT_CAPACITY
 from lossscale.overflow import AscendSaturationCheck
 from lossscale.policy import run
-from nets import (Float64Regression, GradCapture, PlainSGD, group_optimizer, keras_step, own_names,
+from nets import (Float64Regression, GradCapture, PlainSGD, changed_since, group_optimizer, keras_step, own_names,
                   regression_batches, regression_net, training_state, with_inf)
 
 T, F = True, False
@@ -574,7 +574,7 @@ def test_trajectory_and_skips_follow_the_rule(case, compiled):
             x = with_inf(x)
         before = training_state(net)
         assert bool(train_step(Tensor(x), Tensor(y)).asnumpy()) == flag
-        assert all(np.array_equal(before[k], v) for k, v in training_state(net).items()) == flag
+        assert (changed_since(before, net) == []) == flag  # skipped: nothing changed
         scales.append(scaler.get_scale())
     assert scales == expected(FLAGS)
 
@@ -634,10 +634,9 @@ def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     before = training_state(net)
     assert bool(train_step(x, y, Tensor(np.float32(np.inf))).asnumpy())  # finite gradients, non-finite loss
-    assert scaler.get_scale() == 32.0 and all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert scaler.get_scale() == 32.0 and changed_since(before, net) == []
     assert not bool(train_step(x, y, Tensor(np.float32(0.0))).asnumpy())  # the next iteration starts clean
-    assert scaler.get_scale() == 32.0 and not all(np.array_equal(before[k], v)
-                                                  for k, v in training_state(net).items())
+    assert scaler.get_scale() == 32.0 and changed_since(before, net) != []
 
 
 # ---- regression tests of the 0.1.0 front-end ---------------------------------------------------------------
@@ -728,7 +727,7 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
     x = with_inf(x)
     before = training_state(net)
     assert bool(train_step(Tensor(x), Tensor(y)).asnumpy())
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     assert scaler.get_scale() == 512.0  # backed off once
 
 
@@ -1038,7 +1037,7 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     before = training_state(net)
     with pytest.raises(RuntimeError, match=pattern):
         _read(function(x, y))
-    applied = not all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    applied = changed_since(before, net) != []
     assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
     assert scaler.get_scale() == 1024.0
 
@@ -1058,7 +1057,7 @@ def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
         _read(scaler.unscale_(grad_fn(x, y)[1]))  # clean gradients, refused
     before = training_state(net)
     assert bool(_read(scaler.step(opt, tuple(ops.clip_by_value(g, -1.0, 1.0) for g in unscaled))))  # still skipped
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     assert scaler.update().get_scale() == 512.0
     _, grads = grad_fn(x, y)
     assert not bool(_read(scaler.step(opt, grads)))
@@ -1173,7 +1172,7 @@ def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
     before = training_state(net)
     with pytest.raises(RuntimeError, match=pattern):
         _read(function(Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
 
 
 def test_correct_use_right_after_a_refused_one():
@@ -1245,7 +1244,7 @@ def test_anything_but_the_gradients_is_refused(compiled, given, call):
         pattern += ".*PyTorch's unscale_\\(optimizer\\)"
     with pytest.raises(TypeError, match=pattern):
         _read((ms.jit(run) if compiled else run)(argument_value))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     for scaler in (torch_scaler, paddle_scaler):
         assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
     assert float(keras.loss_scale.asnumpy()) == 8.0
@@ -1272,7 +1271,7 @@ def _refused_before_anything_happens(call, given, compiled, error, pattern):
         warnings.simplefilter("error", UserWarning)
         with pytest.raises(error, match=pattern.format(argument=argument)):
             _read((ms.jit(run) if compiled else run)(Tensor(np.float32(1.0))))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     for scaler in (torch_scaler, paddle_scaler):
         assert scaler._states.between_iterations() and scaler.get_scale() == 8.0
     assert float(keras.loss_scale.asnumpy()) == 8.0 and int(keras.iterations) == 0
@@ -1360,7 +1359,7 @@ def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(c
                r".*\(8, 6\), \(8,\), \(3, 8\), \(3,\)")
     with pytest.raises((ValueError, RuntimeError), match=r"shape|resize failed" if compiled else pattern):
         _read(apply(network_order)(x, y))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     assert scaler._states.between_iterations() and scaler.get_scale() == 1024.0
     assert not bool(_read(apply(optimizer_order)(x, y)))  # the same iteration, corrected: not a second step
     if call == "step":
@@ -1385,7 +1384,7 @@ def test_optimizer_with_its_own_loss_scale_is_refused():
         scaler.step(opt, grads)
     with pytest.raises(ValueError, match="'optimizer.loss_scale'"):
         LossScaleOptimizer(nn.Momentum(regression_net().trainable_params(), 0.05, 0.9, loss_scale=8.0))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
 
 
 class _OptimizerWithoutParameters(nn.Cell):
@@ -1414,7 +1413,7 @@ def test_an_optimizer_without_parameters_is_refused_by_name_before_anything_is_r
     before = training_state(net)
     with pytest.raises(TypeError, match="'optimizer' must hold its Parameters in 'parameters'"):
         _read(step(bad, grads))
-    assert all(np.array_equal(before[k], v) for k, v in training_state(net).items())
+    assert changed_since(before, net) == []
     assert not bool(_read(step(good, grads)).asnumpy())  # the same iteration's step is not refused as a second one
 
 
