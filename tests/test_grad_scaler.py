@@ -1132,10 +1132,18 @@ def _masked(grads):
     return (ops.zeros_like(grads[0]),) + tuple(grads[1:])
 
 
+def _float16_round_trip(grads):
+    """Gradients kept in float16 (for a float16 optimizer, say): each value rounded, which can raise the global norm
+    by up to 2**-11 of it, what the norm check's NORM_SLACK allows for."""
+    return tuple(ops.cast(ops.cast(grad, ms.float16), grad.dtype) for grad in grads)
+
+
 # What PyTorch users do between unscale_ and step besides clipping by global norm (run_scaling_case): none raises
-# the global norm, so none may be refused by the check that catches the scaled gradients clipped. (Functions, not
-# lambdas: MindSpore's compiler cannot parse a lambda inside a dict.)
-NORM_KEEPING = {"clamp": _clamped, "centralize": _centralized, "average": _averaged, "mask": _masked}
+# the global norm (a float16 round trip only by its rounding, and on these batches it does), so none may be refused
+# by the check that catches the scaled gradients clipped. (Functions, not lambdas: MindSpore's compiler cannot parse
+# a lambda inside a dict.)
+NORM_KEEPING = {"clamp": _clamped, "centralize": _centralized, "average": _averaged, "mask": _masked,
+                "float16": _float16_round_trip}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -1173,6 +1181,55 @@ def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
     with pytest.raises(RuntimeError, match=pattern):
         _read(function(Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))))
     assert changed_since(before, net) == []
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_step_skips_gradients_made_non_finite_after_a_clean_unscale(compiled):
+    """A deliberate difference (docs/migration.md): PyTorch applies them (its
+    test_params_invalidated_with_grads_invalidated_between_unscale_and_step sees the weights become nan). Here step()
+    skips, and the iteration counts as overflowed: update() backs off."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = _sgd(net.trainable_params())
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def train_step(x, y):
+        _, grads = grad_fn(x, y)
+        skipped = scaler.step(opt, _poison(scaler.unscale_(grads), Tensor(True)))
+        scaler.update()
+        return skipped
+
+    x, y = _batches(1)[0]
+    before = training_state(net)
+    assert bool(_read((ms.jit(train_step) if compiled else train_step)(x, y)))
+    assert changed_since(before, net) == [] and scaler.get_scale() == 512.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_refused_step_of_a_fixed_paddle_scaler_leaves_its_iteration_open(compiled):
+    """With Paddle's fixed scale, step() itself ends the iteration (update() does nothing then). A refused step()
+    must not: the corrected step() of the same iteration takes its gradients as the unscaled ones unscale_()
+    returned. Ending the iteration anyway (nothing tested it) made that step divide them by S a second time."""
+    scaler = GradScaler(init_loss_scaling=1024.0, use_dynamic_loss_scaling=False)
+    net, control_net = regression_net(), regression_net()
+    opt, control_opt = _sgd(net.trainable_params()), _sgd(control_net.trainable_params())
+    x, y = _batches(1)[0]
+    _, scaled = _grad_fn(scaler, net, opt)(x, y)
+    unscaled = scaler.unscale_(scaled)
+
+    def refused_step(grads):
+        return scaler.step(opt, grads)
+
+    def corrected_step(grads):  # another function: a compiled function that raised fails at every later call
+        return scaler.step(opt, grads)
+
+    if compiled:
+        refused_step, corrected_step = ms.jit(refused_step), ms.jit(corrected_step)
+    with pytest.raises(RuntimeError, match=r"step\(\) got the scaled gradients"):
+        _read(refused_step(scaled))
+    assert not bool(_read(corrected_step(unscaled)))
+    control_opt(ms.value_and_grad(control_net, None, control_opt.parameters)(x, y)[1])
+    _same_training_state((net, opt), (control_net, control_opt))
 
 
 def test_correct_use_right_after_a_refused_one():
