@@ -51,7 +51,7 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert f"note: replacing metrics.csv, summary.json, training.png in {tmp_path}" in capsys.readouterr().err
 
 
-def test_train_shows_prints_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsys, monkeypatch):
+def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsys, monkeypatch):
     """The progress bar, the final line and the plot show the cross-entropy, not the loss times --loss-weight (the
     summary's records keep the weighted loss, the one that was trained)."""
     plotted = []

@@ -2092,6 +2092,22 @@ def test_pickle_keeps_an_explicit_name_when_it_is_free():
     assert names(pickle.loads(saved))[0].startswith("pickled_gen.")
 
 
+def test_a_name_in_use_is_refused_whatever_the_front_end():
+    """Two front-ends of one name would put two Parameters of each name in a graph: the second is refused (a
+    GradScaler or a LossScaleOptimizer; no test built one, and without the check both were accepted), its
+    optimizer left free to wrap, and the name is free again once its owner is gone."""
+    scaler = GradScaler("cuda", name="taken")
+    inner = _sgd(regression_net().trainable_params())
+    builds = [lambda: GradScaler(init_loss_scaling=8.0, name="taken"), lambda: LossScaleOptimizer(inner, name="taken")]
+    for build in builds:
+        with pytest.raises(ValueError, match=r"'name' 'taken' is already used by another TorchGradScaler"):
+            build()
+    assert float(LossScaleOptimizer(inner, initial_scale=4.0).loss_scale.asnumpy()) == 4.0
+    del scaler
+    gc.collect()
+    assert GradScaler(init_loss_scaling=8.0, name="taken").get_scale() == 8.0
+
+
 # ---- setters ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("setter, value, error, pattern", [

@@ -84,8 +84,8 @@ def test_number_comparison(old, new, exact, same):
 
 
 def test_a_comparison_row_shows_the_first_steps_scale_and_the_final_scale():
-    """"first -> last": the scale the first step used and the one after the last step (the run's page above cannot
-    tell the first step's from the last step's, which are equal there)."""
+    """The "first -> last" column: the scale the first step used and the one after the last step (the committed
+    page cannot tell the first step's scale from the last step's: they are equal there)."""
     result = {"config": {"loss_weight": 1e-4}, "test_accuracy": 0.5, "final_loss": 1e-4,
               "gradient_lost_fraction": 0.25, "records": [{"loss_scale": 2.0**24}, {"loss_scale": 2.0**20}],
               "summary": {"final_loss_scale": 2.0**21, "skipped_steps": 1, "steps": 2}}
