@@ -2276,8 +2276,8 @@ class _Multiplier:
 
 def test_compiled_calls_keep_a_graph_per_object():
     """Two objects' methods of one name each run their own compiled graph, at every call (one keyed by the
-    method's name alone would run the first object's, writing its Parameters); what is not a tuple of dense
-    Tensors runs as it is."""
+    method's name alone would run the first object's, writing its Parameters); an empty tuple gives an empty
+    tuple."""
     calls, double, triple = CompiledCalls(), _Multiplier(2.0), _Multiplier(3.0)
     grads = (Tensor(np.ones(2, np.float32)),)
     for _ in range(2):
