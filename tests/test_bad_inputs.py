@@ -6,6 +6,9 @@ crossed with every argument of that kind: types (None, str, bool, list), nan, +-
 float32-huge, fractional counts, out-of-range counts. ``load_state_dict`` inputs are swept the same way.
 Nothing that would train wrongly later is accepted.
 """
+import dataclasses
+import fractions
+import json
 import math
 import re
 
@@ -16,7 +19,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
-                       LossScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
+                       LossScaler, TorchGradScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
 from lossscale import overflow
 from lossscale.optimizer_states import OptimizerStates
 from nets import regression_net
@@ -457,6 +460,29 @@ def test_fixed_load_state_dict(state):
         with pytest.raises((TypeError, ValueError)) as refused:
             target.load_state_dict(state)
         assert "state_dict" in str(refused.value)
+
+
+@pytest.mark.parametrize("value", [1024, np.float32(1024.0), np.int64(1024), fractions.Fraction(1024)], ids=repr)
+def test_any_real_number_is_taken_as_its_float(value):
+    """The checks accept any real number (an int, a NumPy scalar, a Fraction), as the frameworks take ints and NumPy
+    scalars, and pass on its Python float. Passing the value on as given broke later: a Fraction reached
+    Tensor() (a TypeError in the update cell, both scalers and clipping), and a NumPy float32 made the policy and
+    TorchGradScaler.state_dict() unserialisable by json."""
+    half = value / 2048  # 0.5, of the same type
+    policy = LossScalePolicy(init_scale=value, growth_factor=half * 4, min_scale=half, max_scale=value * 4)
+    assert json.loads(json.dumps(dataclasses.asdict(policy))) == dataclasses.asdict(
+        LossScalePolicy(init_scale=1024.0, growth_factor=2.0, min_scale=0.5, max_scale=4096.0))
+    manager = DynamicLossScaleManager(init_loss_scale=value, scale_factor=half * 4)
+    assert manager.get_update_cell().get_loss_scale() == 1024.0
+    assert float(FixedLossScaleUpdateCell(value).get_loss_scale()) == 1024.0
+    torch_state = TorchGradScaler(init_scale=value, growth_factor=half * 4, backoff_factor=half).state_dict()
+    assert json.loads(json.dumps(torch_state)) == {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                                   "growth_interval": 2000, "_growth_tracker": 0}
+    assert float(GradScaler(init_loss_scaling=value, incr_ratio=half * 4).get_loss_scaling()) == 1024.0
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)),
+                                         clip_global_norm=half)
+    assert step.clip_global_norm == 0.5
 
 
 def test_sweep_size():
