@@ -51,6 +51,25 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert f"note: replacing metrics.csv, summary.json, training.png in {tmp_path}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("rank, files", [(0, ["metrics.csv", "summary.json", "training.png"]), (1, [])])
+def test_under_msrun_only_rank_0_writes_and_prints_the_report(rank, files, tmp_path, capsys, monkeypatch):
+    """Every msrun worker runs the whole command on its share of the data; rank 0 alone writes the outputs and
+    prints the report and the progress bar (two ranks writing the same files would race). One process plays rank
+    ``rank`` of 2: msrun's environment and the communication's initialisation are stood in for, the training is
+    real."""
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setattr("lossscale.distributed.init_data_parallel", lambda: (rank, 2))
+    assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "128", "--workers", "2",
+                 "--output", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == files
+    out, err = capsys.readouterr()
+    assert out.startswith(f"rank {rank} of 2: per-rank batch 128, global batch 256")
+    assert ("test accuracy:" in out) == ("epoch 1/1" in err) == (rank == 0)
+    if files:
+        with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
+            assert len(list(csv.DictReader(handle))) == 719 // 128  # this rank's half of the 1438 images
+
+
 def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsys, monkeypatch):
     """The progress bar, the final line and the plot show the cross-entropy, not the loss times --loss-weight (the
     summary's records keep the weighted loss, the one that was trained)."""

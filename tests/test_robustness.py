@@ -218,6 +218,20 @@ def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_pa
     assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
 
 
+@pytest.mark.parametrize("ours, expected", [(None, 1), (0, 0)], ids=["MindSpore's only", "both"])
+def test_restore_loss_scale_translates_mindspores_counters_only_without_ours(ours, expected, tmp_path):
+    """A checkpoint holding our clean-step count as well as MindSpore's step numbers restores ours as saved; the
+    translation is for a checkpoint without it (one clean step: MindSpore's counters say 1)."""
+    theirs = _MindSporeLossScaleState(2.0**12, 2)
+    theirs(Tensor(False))
+    saved = _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt")
+    if ours is not None:
+        saved["loss_scale_good_steps"] = Parameter(Tensor(np.int32(ours)), name="loss_scale_good_steps")
+    resumed = _dynamic_cell()
+    assert restore_loss_scale(resumed, saved) == ["loss_scale_good_steps", "scale_sense"]
+    assert resumed.state_dict()["good_steps"] == expected
+
+
 def _cell_with_mindspores_update_cell(net=None):
     net = net or regression_net()
     return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
