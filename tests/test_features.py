@@ -324,6 +324,23 @@ def test_counters_follow_a_known_sequence():
                                         "last_overflow_step": 5}
 
 
+def test_an_applied_overflow_is_counted_but_not_skipped():
+    """drop_overflow_update=False applies every step (MindSpore's meaning): an overflowing step is an overflow in
+    the counters, not a skipped step. (GradCapture 'applies' a step by storing its gradients, so the infs it is
+    given do not poison the later steps.)"""
+    net = regression_net()
+    opt = GradCapture(net.trainable_params())
+    step = TrainOneStepWithLossScaleCell(net, opt, Tensor(np.float32(1024.0)), drop_overflow_update=False)
+    flags, applied = [False, True, True, False, True, False, False], []
+    for batch, flag in zip(regression_batches(7), flags):
+        outputs = step(*_tensors(_poisoned(batch) if flag else batch))
+        assert bool(outputs[1].asnumpy()) == flag
+        applied.append(not all(np.isfinite(g.asnumpy()).all() for g in opt.captured))
+    assert applied == flags
+    assert step.overflow_counters() == {"steps": 7, "skipped_steps": 0, "consecutive_overflows": 0,
+                                        "last_overflow_step": 5}
+
+
 def test_monitor_reports_device_counters(capsys):
     import mindspore.dataset as ds
 

@@ -471,6 +471,19 @@ def test_a_bfloat16_loss_trains_like_mindsporess_plain_cell():
     _same_weights(ours, theirs)
 
 
+def test_forensics_name_a_non_finite_bfloat16_loss():
+    """The forensics test the loss in float32: MindSpore's CPU isfinite has no bfloat16 kernel (testing the
+    bfloat16 loss itself failed to compile: "Kernel select failed")."""
+    net = Bfloat16Loss()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(1.0)),
+                                         debug_overflow=True)
+    x, y = BATCHES[0]
+    x = x.copy()
+    x[0, 0] = np.inf
+    assert bool(cell(Tensor(x), Tensor(y))[1].asnumpy())
+    assert cell.overflow_reports == [{"step": 1, "loss_nonfinite": True, "parameters": ["body.weight", "body.bias"]}]
+
+
 def _float64_steps(front_end, net, learning_rate):
     """A step function ``(x, y) -> None`` training ``net`` with ``front_end`` at a fixed scale of 1024."""
     optimizer = PlainSGD(learning_rate, net.trainable_params())
