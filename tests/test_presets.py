@@ -382,6 +382,19 @@ def test_megatron_preset_is_megatrons_own(config, flags):
                          config["backoff_factor"], config["growth_interval"], config["hysteresis"]) == theirs
 
 
+@pytest.mark.reference
+@pytest.mark.filterwarnings("ignore::UserWarning")  # megatron: "Transformer Engine and Apex are not installed"
+def test_megatron_preset_has_megatrons_defaults():
+    """Megatron-core builds its DynamicGradScaler from its OptimizerConfig (initial_loss_scale, min_loss_scale,
+    loss_scale_window, hysteresis) with factors 2 and 0.5: the preset holds those defaults. (The comparison above
+    passes every value to both sides, so a wrong default passed it.)"""
+    config = pytest.importorskip("megatron.core.optimizer").OptimizerConfig()
+    preset = get_preset("megatron")
+    assert (preset.init_scale, preset.min_scale, preset.growth_interval, preset.hysteresis) == (
+        config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window, config.hysteresis)
+    assert (preset.growth_factor, preset.backoff_factor) == (2.0, 0.5)
+
+
 def test_deepspeed_is_megatron_but_grows_one_step_later():
     """DeepSpeed users: ``get_preset("megatron", init_scale=2**16)`` is DeepSpeed's fp16 rule with its defaults
     (hysteresis 2 refilled by a growth, window 1000, floor 1) but for two things (docs/migration.md): DeepSpeed
