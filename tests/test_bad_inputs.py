@@ -464,10 +464,9 @@ def test_fixed_load_state_dict(state):
 
 @pytest.mark.parametrize("value", [1024, np.float32(1024.0), np.int64(1024), fractions.Fraction(1024)], ids=repr)
 def test_any_real_number_is_taken_as_its_float(value):
-    """The checks accept any real number (an int, a NumPy scalar, a Fraction), as the frameworks take ints and NumPy
-    scalars, and pass on its Python float. Passing the value on as given broke later: a Fraction reached
-    Tensor() (a TypeError in the update cell, both scalers and clipping), and a NumPy float32 made the policy and
-    TorchGradScaler.state_dict() unserialisable by json."""
+    """The checks accept any real number (an int, a NumPy scalar, a Fraction) and pass on its Python float. Passing
+    the value on as given broke later: a Fraction reached Tensor() (a TypeError in the update cell, both scalers and
+    clipping), and a NumPy float32 made the policy and TorchGradScaler.state_dict() unserialisable by json."""
     half = value / 2048  # 0.5, of the same type
     policy = LossScalePolicy(init_scale=value, growth_factor=half * 4, min_scale=half, max_scale=value * 4)
     assert json.loads(json.dumps(dataclasses.asdict(policy))) == dataclasses.asdict(

@@ -331,12 +331,12 @@ def test_an_applied_overflow_is_counted_but_not_skipped():
     net = regression_net()
     opt = GradCapture(net.trainable_params())
     step = TrainOneStepWithLossScaleCell(net, opt, Tensor(np.float32(1024.0)), drop_overflow_update=False)
-    flags, applied = [False, True, True, False, True, False, False], []
+    flags, infs_applied = [False, True, True, False, True, False, False], []
     for batch, flag in zip(regression_batches(7), flags):
         outputs = step(*_tensors(_poisoned(batch) if flag else batch))
         assert bool(outputs[1].asnumpy()) == flag
-        applied.append(not all(np.isfinite(g.asnumpy()).all() for g in opt.captured))
-    assert applied == flags
+        infs_applied.append(not all(np.isfinite(g.asnumpy()).all() for g in opt.captured))
+    assert infs_applied == flags
     assert step.overflow_counters() == {"steps": 7, "skipped_steps": 0, "consecutive_overflows": 0,
                                         "last_overflow_step": 5}
 
