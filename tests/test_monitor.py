@@ -31,6 +31,24 @@ def test_record_counts_skips_and_events():
     assert (summary["min_loss_scale"], summary["max_loss_scale"], summary["final_loss_scale"]) == (8.0, 32.0, 64.0)
 
 
+@pytest.mark.parametrize("flags, events", [([True, False, True], 2), ([True, True, False, True, True], 2),
+                                           ([False, True, True], 1), ([True], 1), ([False, False], 0)])
+def test_overflow_events_are_runs_of_overflows(flags, events):
+    """A run that starts at the first step counts, whatever the last step was."""
+    monitor = LossScaleMonitor(print_summary=False)
+    for flag in flags:
+        monitor.record(1, 0.5, 8.0, flag)
+    assert monitor.summary()["overflow_events"] == events
+
+
+@pytest.mark.parametrize("print_summary", [True, False])
+def test_print_summary_decides_whether_the_end_of_training_prints(print_summary, capsys):
+    monitor = LossScaleMonitor(print_summary=print_summary)
+    monitor.record(1, 0.5, 8.0, True)
+    monitor.on_train_end(_context(Tensor(np.float32(0.5)), None))
+    assert capsys.readouterr().out == (monitor.format_summary() + "\n" if print_summary else "")
+
+
 def test_final_loss_ignores_non_finite_losses():
     monitor = LossScaleMonitor(print_summary=False)
     monitor.record(1, 0.5, 8.0, False)
@@ -138,11 +156,18 @@ class LossOnlyStep(nn.TrainOneStepWithLossScaleCell):
         self.outputs = outputs
 
 
+class NumberScaleStep:
+    """A train network that holds its scale as a Python number."""
+    scale_sense = 1024
+
+
+@pytest.mark.parametrize("make_cell", [LossOnlyStep, lambda outputs: NumberScaleStep()],
+                         ids=["scale_parameter", "scale_number"])
 @pytest.mark.parametrize("outputs", [Tensor(np.float32(0.5)), (Tensor(np.float32(0.5)), Tensor(True))],
                          ids=["loss", "loss_overflow"])
-def test_scale_is_read_from_a_cell_that_does_not_return_it(outputs):
+def test_scale_is_read_from_a_cell_that_does_not_return_it(outputs, make_cell):
     monitor = LossScaleMonitor(print_summary=False)
-    cell = LossOnlyStep(outputs)
+    cell = make_cell(outputs)
     monitor.on_train_begin(_context(None, cell))
     monitor.on_train_step_end(_context(outputs, cell))
     record = monitor.records[0]
