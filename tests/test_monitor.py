@@ -7,6 +7,7 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from mindspore.train import Callback
 
 from lossscale import DynamicLossScaleManager, Model, PersistentOverflowError
 from lossscale.monitor import FIELDS, LossScaleMonitor
@@ -106,6 +107,24 @@ def test_a_training_stopped_by_persistent_overflow_keeps_its_records(tmp_path, c
     assert "2 steps, 1 skipped" in printed and "device counters: 3 optimizer steps, 2 skipped" in printed
     with open(path, encoding="utf-8") as handle:
         assert [row["overflow"] for row in csv.DictReader(handle)] == ["False", "True"]
+
+
+def test_an_error_after_the_end_of_training_does_not_repeat_the_summary(tmp_path, capsys):
+    """A callback after the monitor fails at the end of training (a full disk for a checkpoint): MindSpore leaves
+    the callbacks' context with that error after the monitor's on_train_end, and the summary must not come twice."""
+    class FailsAtEnd(Callback):
+        def on_train_end(self, run_context):
+            raise OSError("disk full")
+
+    x = np.random.RandomState(0).randn(16, 4).astype(np.float32)
+    data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
+    net = nn.Dense(4, 2)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8))
+    monitor = LossScaleMonitor(csv_path=str(tmp_path / "steps.csv"))
+    with pytest.raises(OSError, match="disk full"):
+        model.train(1, data, callbacks=[monitor, FailsAtEnd()], dataset_sink_mode=False)
+    assert capsys.readouterr().out.count("loss scaling: 2 steps") == 1
 
 
 def test_monitor_with_a_plain_train_cell():
