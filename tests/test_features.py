@@ -314,11 +314,12 @@ def test_counters_saturate_instead_of_wrapping():
 
 # ---- 5. observability ---------------------------------------------------------------------------------
 
+KNOWN_OVERFLOWS = [False, True, True, False, True, False, False]  # steps 2, 3 and 5 overflow
+
+
 def test_counters_follow_a_known_sequence():
     step = _policy_step()
-    batches = regression_batches(7)
-    flags = [False, True, True, False, True, False, False]
-    for batch, flag in zip(batches, flags):
+    for batch, flag in zip(regression_batches(7), KNOWN_OVERFLOWS):
         step(*_tensors(_poisoned(batch) if flag else batch))
     assert step.overflow_counters() == {"steps": 7, "skipped_steps": 3, "consecutive_overflows": 0,
                                         "last_overflow_step": 5}
@@ -331,12 +332,12 @@ def test_an_applied_overflow_is_counted_but_not_skipped():
     net = regression_net()
     opt = GradCapture(net.trainable_params())
     step = TrainOneStepWithLossScaleCell(net, opt, Tensor(np.float32(1024.0)), drop_overflow_update=False)
-    flags, infs_applied = [False, True, True, False, True, False, False], []
-    for batch, flag in zip(regression_batches(7), flags):
+    infs_applied = []
+    for batch, flag in zip(regression_batches(7), KNOWN_OVERFLOWS):
         outputs = step(*_tensors(_poisoned(batch) if flag else batch))
         assert bool(outputs[1].asnumpy()) == flag
         infs_applied.append(not all(np.isfinite(g.asnumpy()).all() for g in opt.captured))
-    assert infs_applied == flags
+    assert infs_applied == KNOWN_OVERFLOWS
     assert step.overflow_counters() == {"steps": 7, "skipped_steps": 0, "consecutive_overflows": 0,
                                         "last_overflow_step": 5}
 

@@ -61,16 +61,22 @@ def test_empty_summary():
     assert LossScaleMonitor().format_summary() == "loss scaling: no steps recorded"
 
 
+def _classifier(x, **model_options):
+    """A ``Model`` of a Dense(4, 2) classifier (SGD, ``model_options``) and the batches of 8 rows of ``x``, each row
+    labelled by the sign of its first column."""
+    data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
+    net = nn.Dense(4, 2)
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+                  nn.SGD(net.trainable_params(), 0.1), **model_options)
+    return model, data
+
+
 def test_monitor_inside_model_train(tmp_path, capsys):
     rng = np.random.RandomState(0)
     x = rng.randn(40, 4).astype(np.float32)
     x[13, 1] = np.nan  # row 13 lies in the second batch (batch size 8) of every epoch
-    y = (x[:, 0] > 0).astype(np.int32)
-    data = ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(8)
-    net = nn.Dense(4, 2)
     manager = DynamicLossScaleManager(init_loss_scale=2**8, scale_window=2)
-    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=manager)
+    model, data = _classifier(x, loss_scale_manager=manager)
     path = tmp_path / "runs" / "new" / "steps.csv"  # folders that do not exist yet: the end of training made them
     monitor = LossScaleMonitor(csv_path=str(path))
     model.train(2, data, callbacks=[monitor])
@@ -91,11 +97,8 @@ def test_a_training_stopped_by_persistent_overflow_keeps_its_records(tmp_path, c
     on_train_end: the CSV and the summary of the steps so far, the ones that explain the stop, were lost."""
     x = np.random.RandomState(0).randn(40, 4).astype(np.float32)
     x[8:24, 1] = np.nan  # batches 2 and 3 (of 8 rows) overflow: two in a row
-    data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
-    net = nn.Dense(4, 2)
-    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8),
-                  overflow_policy="raise", max_consecutive_overflows=2)
+    model, data = _classifier(x, loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8),
+                              overflow_policy="raise", max_consecutive_overflows=2)
     path = tmp_path / "steps.csv"
     monitor = LossScaleMonitor(csv_path=str(path))
     with pytest.raises(PersistentOverflowError):
@@ -116,11 +119,8 @@ def test_an_error_after_the_end_of_training_does_not_repeat_the_summary(tmp_path
         def on_train_end(self, run_context):
             raise OSError("disk full")
 
-    x = np.random.RandomState(0).randn(16, 4).astype(np.float32)
-    data = ds.NumpySlicesDataset({"data": x, "label": (x[:, 0] > 0).astype(np.int32)}, shuffle=False).batch(8)
-    net = nn.Dense(4, 2)
-    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
-                  nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8))
+    model, data = _classifier(np.random.RandomState(0).randn(16, 4).astype(np.float32),
+                              loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8))
     monitor = LossScaleMonitor(csv_path=str(tmp_path / "steps.csv"))
     with pytest.raises(OSError, match="disk full"):
         model.train(1, data, callbacks=[monitor, FailsAtEnd()], dataset_sink_mode=False)
