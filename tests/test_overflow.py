@@ -2,15 +2,17 @@
 driven by CPU stand-ins of its primitive (tests/backend_standins.py)."""
 import numpy as np
 import pytest
+import mindspore as ms
 from mindspore import ParameterTuple, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 
 from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNet, StatusRegister,
                               status_input)
-from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell, choose_overflow_check
+from lossscale import (DynamicLossScaleManager, LossScaler, TrainOneStepWithLossScaleCell,
+                       choose_overflow_check, get_preset)
 from lossscale.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
-                                ascend_saturation_only, fingerprint, make_overflow_check,
-                                nonfinite_indicator)
+                                ascend_saturation_only, current_overflow_check, fingerprint,
+                                make_overflow_check, nonfinite_indicator)
 from lossscale.policy import run
 from nets import changed_since, regression_batches, regression_net, training_state
 
@@ -141,6 +143,46 @@ def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_v
         assert not np.isfinite(fingerprint_of(other, broken)), bad
 
 
+_CORE = LossScaler(get_preset("pytorch", init_scale=8.0), name="constant_gradients")
+
+
+def _indicator_of(grads):
+    return nonfinite_indicator(ops.HyperMap(), grads)
+
+
+def _fingerprint_of(grads):
+    return fingerprint(ops.HyperMap(), grads)
+
+
+def _core_flag_of(grads):
+    return _CORE.flag(None, grads)
+
+
+@pytest.mark.parametrize("of_gradients", [_indicator_of, _fingerprint_of, _core_flag_of],
+                         ids=["indicator", "fingerprint", "LossScaler.flag"])
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
+def test_gradients_given_to_a_compiled_function_keep_their_nan_and_inf(of_gradients, bad):
+    """Gradients passed into a mindspore.jit function (without mutable) are constants of its graph, and MindSpore
+    2.10 folds reduce_sum(g * 0) of [[nan, 1.0]] to 0: without the isfinite probe for constants, the core's check
+    in a custom loop's compiled function took such gradients for finite ones (measured)."""
+    @ms.jit
+    def compiled(grads):
+        return of_gradients(grads)
+
+    grads = (Tensor(np.array([[1.0 if bad is None else bad, 1.0]], np.float32)), Tensor(np.ones(3, np.float32)))
+    assert np.isfinite(float(compiled(grads).asnumpy())) == (bad is None)
+
+
+def test_a_float64_fingerprint_grows_with_the_sum_over_float64s_whole_range(fingerprint_of):
+    """A float64 gradient's sum, times 2**-64, is compressed into float32's range (itself within [-1, 1], else
+    sign * (1 + log|sum|)): finite, and strictly increasing in the sum, so S-times gradients never share the
+    unscaled gradients' fingerprint, nor do negated ones (the sign) or those just beyond 1 (the 1 +)."""
+    weighted_sums = [-1e280, -1e10, -3.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 3.0, 1e10, 1e280]
+    prints = [fingerprint_of(np.array([value * 2.0**64], np.float64)) for value in weighted_sums]
+    assert all(np.isfinite(prints)) and all(low < high for low, high in zip(prints, prints[1:])), prints
+    assert fingerprint_of(np.array([1e280 * 2.0**64 / 1024], np.float64)) < prints[-1]
+
+
 @pytest.mark.parametrize("check, op", [
     ("float_status", "FloatStatus"),
     ("ascend_saturation", "NPUClearFloatStatusV2"),
@@ -185,6 +227,7 @@ def test_indicator_accepts_sparse_gradients():
 
 # ---- SoC detection on every supported MindSpore ------------------------------------------------------------
 
+
 class _Context210:
     """MindSpore >= 2.10: ascend_soc_supports_feature."""
 
@@ -214,6 +257,41 @@ def test_ascend_saturation_only_on_every_mindspore(context, expected):
     assert ascend_saturation_only(context) is expected
 
 
+class _NoSoCHere:
+    """A context that must not be asked: off Ascend there is no SoC to report."""
+
+    def ascend_soc_supports_feature(self, feature):
+        raise AssertionError(f"the Ascend SoC was asked ({feature}) on another device")
+
+    def get_ascend_soc_version(self):
+        raise AssertionError("the Ascend SoC version was asked on another device")
+
+
+@pytest.mark.parametrize("device_target, mode, context, expected", [
+    ("CPU", None, _NoSoCHere(), "isfinite"),
+    ("CPU", "SATURATION_MODE", _NoSoCHere(), "isfinite"),
+    ("GPU", "", _NoSoCHere(), "float_status"),
+    ("Ascend", None, _Context210(True), "ascend_saturation"),
+    ("Ascend", "", _ContextBefore210("ascend910"), "ascend_saturation"),
+    ("Ascend", "", _Context210(False), "ascend_allfinite"),
+    ("Ascend", "SATURATION_MODE", _ContextBefore210("ascend910b"), "ascend_saturation"),
+    ("Ascend", "INFNAN_MODE", _Context210(False), "ascend_allfinite"),
+])
+def test_current_overflow_check_reads_the_device_the_environment_and_the_soc(monkeypatch, device_target, mode,
+                                                                              context, expected):
+    """The default of every train cell and front-end, with the device target and the SoC stood in for: the SoC is
+    asked on Ascend only, and an empty MS_ASCEND_CHECK_OVERFLOW_MODE counts as unset (MindSpore takes any value
+    but SATURATION_MODE as INFNAN mode)."""
+    real_get_context = ms.get_context
+    monkeypatch.setattr(ms, "get_context",
+                        lambda key: device_target if key == "device_target" else real_get_context(key))
+    if mode is None:
+        monkeypatch.delenv("MS_ASCEND_CHECK_OVERFLOW_MODE", raising=False)
+    else:
+        monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", mode)
+    assert current_overflow_check(context) == expected
+
+
 @pytest.mark.parametrize("value, error, pattern", [
     ("tpu_status", ValueError, "'overflow_check'.*'tpu_status'"),
     (42, TypeError, "'overflow_check'.*int"),
@@ -225,6 +303,7 @@ def test_make_overflow_check_rejects(value, error, pattern):
 
 
 # ---- each check object with a stand-in primitive ------------------------------------------------------------
+
 
 class _Flag(nn.Cell):
     """``check.flag(status, grads)`` compiled, for one check object."""
