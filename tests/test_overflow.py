@@ -225,6 +225,29 @@ def test_indicator_accepts_sparse_gradients():
     assert not np.isfinite(float(indicator(ids, Tensor(np.float32(0.5))).asnumpy()))
 
 
+class _SparseGradientUnscaled(_SparseGradientIndicator):
+    """The embedding's RowTensor gradient and the dense weight's, as computed and as LossScaler.unscale gives them."""
+
+    def __init__(self, core):
+        super().__init__()
+        self.core = core
+
+    def construct(self, ids, offset):
+        grads = self.grad(self.loss, self.weights)(ids, offset)
+        unscaled = self.core.unscale(grads)
+        return grads[0].values, grads[0].indices, grads[1], unscaled[0].values, unscaled[0].indices, unscaled[1]
+
+
+def test_unscaling_divides_a_sparse_gradients_values_and_keeps_its_indices():
+    """A RowTensor gradient is unscaled through its values (returning it as it came passed the suite)."""
+    cell = _SparseGradientUnscaled(LossScaler(8.0, name="sparse_unscale"))
+    values, indices, weight, unscaled_values, unscaled_indices, unscaled_weight = (
+        out.asnumpy() for out in cell(Tensor(np.array([[1, 2], [3, 4]], np.int32)), Tensor(np.float32(0.5))))
+    assert np.abs(values).min() > 0 and unscaled_values.tolist() == (values / 8).tolist()
+    assert unscaled_indices.tolist() == indices.tolist() == [1, 2, 3, 4]
+    assert unscaled_weight.tolist() == (weight / 8).tolist()
+
+
 # ---- SoC detection on every supported MindSpore ------------------------------------------------------------
 
 
