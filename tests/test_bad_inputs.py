@@ -22,6 +22,8 @@ from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, Fixe
                        LossScaler, TorchGradScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
 from lossscale import overflow
 from lossscale.optimizer_states import OptimizerStates
+from lossscale.policy import LossScaleState
+from lossscale.scaler import refuse_non_gradients
 from nets import regression_net
 
 NAN, INF = float("nan"), float("inf")
@@ -286,7 +288,7 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("call", ["positional", "missing", "None"])
+@pytest.mark.parametrize("call", ["positional", "positional_and_keyword", "missing", "None"])
 def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
     """jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) take the opposite polarity of the core's
     adjust(overflow): the habit core.adjust(ms.amp.all_finite(grads)) backed the scale off on every clean step and
@@ -299,6 +301,8 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
         finite = ms.amp.all_finite(grads)
         if call == "positional":
             return core.adjust(finite)
+        if call == "positional_and_keyword":
+            return core.adjust(finite, overflow=ops.logical_not(finite))
         return core.adjust() if call == "missing" else core.adjust(overflow=None)
 
     grads = (Tensor(np.ones(2, np.float32)),)
@@ -310,7 +314,7 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
 
 
 BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)
-CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0],
+CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0, Tensor(np.array([4.0, 8.0], np.float32))],
                  "set_rule": [("policy", "pytorch"), ("policy", 2.0**16), ("dynamic", "no"), ("dynamic", 1),
                               ("dynamic", None)]}
 
@@ -343,6 +347,67 @@ def test_loss_scaler_scale_set_within_the_rule_loads_back():
         other.load_state_dict(core.state_dict())
         assert other.state_dict() == core.state_dict() == {"loss_scale": float(value), "good_steps": 0,
                                                           "hysteresis_left": 1}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_fixed_scale_core_takes_the_decision_only_too(compiled):
+    """A fixed scale has no update cell to check the flag: the core checks it itself (a float flag passed)."""
+    core = LossScaler(8.0, name=f"fixed_adjust_{compiled}")
+
+    def adjust(flag):
+        return core.adjust(overflow=flag)
+
+    with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
+        (ms.jit(adjust) if compiled else adjust)(Tensor(np.float32(1.0)))
+    assert bool(adjust(Tensor(True)).asnumpy()) and core.get_scale() == 8.0
+
+
+def test_a_frozen_scale_is_fixed_and_cannot_be_set():
+    """A frozen scale (the train cell's, when the optimizer divides by it itself) is a graph constant."""
+    _refused(lambda: LossScaler(get_preset("pytorch"), frozen=True), "frozen", None, shown=False)
+    core = LossScaler(8.0, frozen=True)
+    with pytest.raises(ValueError, match="frozen"):
+        core.set_scale(4.0)
+    assert core.get_scale() == 8.0 and not list(core.get_parameters())  # a constant of the graph, no Parameter
+
+
+def test_loss_scaler_set_rule_takes_a_state_alone():
+    """set_rule(state=...) keeps the rule (it passed None on as the policy: a TypeError)."""
+    core = LossScaler(BOUNDED_RULE, name="settings_state_alone", mutable_rule=True)
+    core.set_rule(state=LossScaleState(scale=4.0, good_steps=0, hysteresis_left=1))
+    assert core.state_dict() == {"loss_scale": 4.0, "good_steps": 0, "hysteresis_left": 1}
+    assert core.policy == BOUNDED_RULE
+
+
+def test_loss_scaler_around_mindsporess_own_update_cells_saves_and_loads_their_state():
+    """MindSpore's dynamic update cell keeps step numbers: the core reports its clean steps in a row as
+    good_steps and restores them (the next growth comes as it would have), checked against its window; its fixed
+    update cell's state must hold its scale."""
+    core = LossScaler(nn.DynamicLossScaleUpdateCell(8.0, 2, 3), name="mindspore_dynamic_state")
+    assert core.dynamic and core.state_dict() == {"loss_scale": 8.0, "good_steps": 0}
+    core.adjust(overflow=False)
+    assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 1}
+    core.load_state_dict({"loss_scale": 4.0, "good_steps": 2})
+    assert core.state_dict() == {"loss_scale": 4.0, "good_steps": 2}
+    core.adjust(overflow=False)
+    assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0}
+    _refused(lambda: core.load_state_dict({"loss_scale": 4.0, "good_steps": 3}), "good_steps", 3)
+    core.load_state_dict({"loss_scale": 2.0})  # a state of the scale only keeps the count
+    assert core.state_dict() == {"loss_scale": 2.0, "good_steps": 0}
+    fixed = LossScaler(nn.FixedLossScaleUpdateCell(8.0), name="mindspore_fixed_state")
+    assert not fixed.dynamic
+    fixed.load_state_dict({"loss_scale": 8.0})
+    _refused(lambda: fixed.load_state_dict({"loss_scale": 4.0}), "loss_scale", 4.0)
+
+
+@pytest.mark.parametrize("grads, error, pattern", [
+    ((), ValueError, "'grads' holds no gradients"),
+    ((np.ones(2, np.float32),), TypeError, r"'grads\[0\]' must be a gradient Tensor, but got ndarray"),
+    ((Tensor(np.ones(2, np.float32)), np.float32(1.0)), TypeError, r"'grads\[1\]' must be a gradient Tensor"),
+], ids=["empty", "ndarray", "numpy_scalar"])
+def test_what_is_given_where_the_gradients_go(grads, error, pattern):
+    with pytest.raises(error, match=pattern):
+        refuse_non_gradients(grads, "grads")
 
 
 CHECK_PRIMITIVES = [("FloatStatusCheck", "float_status"), ("AllFiniteCheck", "all_finite"),
