@@ -1,5 +1,6 @@
 """The pure policy: trajectory tables (jmp style) and argument validation."""
 import math
+import types
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ from lossscale.policy import (
     check_state,
     initial_state,
     run,
+    state_from_dict,
+    state_value,
     update,
 )
 
@@ -98,6 +101,7 @@ BAD_ARGUMENTS = [
     (dict(growth_factor="2"), TypeError, "growth_factor"),
     (dict(backoff_factor=1.0), ValueError, "backoff_factor"),
     (dict(backoff_factor=0.0), ValueError, "backoff_factor"),
+    (dict(backoff_factor=1.0 - 1e-9), ValueError, "backoff_factor"),  # 1.0 in float32: the scale would never fall
     (dict(growth_interval=0), ValueError, "growth_interval"),
     (dict(growth_interval=2.5), TypeError, "growth_interval"),
     (dict(growth_interval=True), TypeError, "growth_interval"),
@@ -111,6 +115,7 @@ BAD_ARGUMENTS = [
     (dict(min_scale=-1.0), ValueError, "min_scale"),
     (dict(init_scale=8.0, max_scale=4.0), ValueError, "init_scale"),
     (dict(min_scale=8.0, max_scale=4.0, init_scale=8.0), ValueError, "max_scale"),
+    (dict(min_scale=0.0, max_scale=0.0), ValueError, "max_scale"),  # with no floor a scale must still be > 0
 ]
 
 
@@ -129,6 +134,7 @@ def test_init_scale_below_one_allowed_when_min_scale_allows():
 
 @pytest.mark.parametrize("state, field", [
     (LossScaleState(scale=0.5), "state.scale"),
+    (LossScaleState(scale=2.0**17), "state.scale"),  # above max_scale
     (LossScaleState(scale=4.0, good_steps=4), "state.good_steps"),
     (LossScaleState(scale=4.0, good_steps=-1), "state.good_steps"),
     (LossScaleState(scale=4.0, hysteresis_left=0), "state.hysteresis_left"),
@@ -136,7 +142,7 @@ def test_init_scale_below_one_allowed_when_min_scale_allows():
 ])
 def test_check_state_rejects_unreachable_states(state, field):
     with pytest.raises(ValueError, match=field):
-        check_state(LossScalePolicy(growth_interval=4, hysteresis=2), state)
+        check_state(LossScalePolicy(init_scale=8.0, growth_interval=4, hysteresis=2, max_scale=2.0**16), state)
 
 
 _POLICY = LossScalePolicy(init_scale=8.0, growth_interval=2)
@@ -172,3 +178,29 @@ def test_check_state_accepts_the_float32_floor_the_rule_reaches():
     below = LossScaleState(scale=float(np.nextafter(np.float32(0.7), np.float32(0))))
     with pytest.raises(ValueError, match="state.scale"):
         check_state(policy, below)
+
+
+def test_check_state_accepts_the_float32_ceiling_the_rule_reaches():
+    """A ceiling that float32 rounds up (0.3 -> 0.30000001) is a state the rule reaches; a hair above is not."""
+    policy = LossScalePolicy(init_scale=0.25, growth_interval=1, min_scale=0.0, max_scale=0.3)
+    at_ceiling = run(policy, [False] * 3)[-1]
+    assert at_ceiling.scale == float(np.float32(0.3)) > 0.3
+    assert check_state(policy, at_ceiling) == at_ceiling
+    above = LossScaleState(scale=float(np.nextafter(np.float32(0.3), np.float32(1))))
+    with pytest.raises(ValueError, match="state.scale"):
+        check_state(policy, above)
+
+
+def test_the_initial_state_holds_the_scale_as_the_device_does():
+    """init_scale rounded to float32 (0.3 -> 0.30000001), as the scale Parameter holds it."""
+    assert initial_state(LossScalePolicy(init_scale=0.3, min_scale=0.0)).scale == float(np.float32(0.3)) != 0.3
+
+
+def test_a_state_dict_may_be_any_mapping():
+    saved = types.MappingProxyType({"loss_scale": 4.0, "good_steps": 1, "hysteresis_left": 1})
+    assert state_from_dict(LossScalePolicy(init_scale=8.0), saved) == LossScaleState(scale=4.0, good_steps=1)
+
+@pytest.mark.parametrize("value", [np.array([3, 4]), np.zeros((1, 2)), np.array([], np.float32)], ids=repr)
+def test_a_state_value_is_one_number(value):
+    with pytest.raises(TypeError, match=r"'good_steps' must be one number, but got an array of shape"):
+        state_value("good_steps", value)
