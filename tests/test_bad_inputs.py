@@ -379,7 +379,7 @@ def test_loss_scaler_set_rule_takes_a_state_alone():
     assert core.policy == BOUNDED_RULE
 
 
-def test_loss_scaler_around_mindsporess_own_update_cells_saves_and_loads_their_state():
+def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_state():
     """MindSpore's dynamic update cell keeps step numbers: the core reports its clean steps in a row as
     good_steps and restores them (the next growth comes as it would have), checked against its window; its fixed
     update cell's state must hold its scale."""

@@ -146,19 +146,19 @@ def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_v
 _CORE = LossScaler(get_preset("pytorch", init_scale=8.0), name="constant_gradients")
 
 
-def _indicator_of(grads):
+def _indicator_in_graph(grads):
     return nonfinite_indicator(ops.HyperMap(), grads)
 
 
-def _fingerprint_of(grads):
+def _fingerprint_in_graph(grads):
     return fingerprint(ops.HyperMap(), grads)
 
 
-def _core_flag_of(grads):
+def _core_flag_in_graph(grads):
     return _CORE.flag(None, grads)
 
 
-@pytest.mark.parametrize("of_gradients", [_indicator_of, _fingerprint_of, _core_flag_of],
+@pytest.mark.parametrize("of_gradients", [_indicator_in_graph, _fingerprint_in_graph, _core_flag_in_graph],
                          ids=["indicator", "fingerprint", "LossScaler.flag"])
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 def test_gradients_given_to_a_compiled_function_keep_their_nan_and_inf(of_gradients, bad):

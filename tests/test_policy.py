@@ -169,26 +169,20 @@ def test_run_takes_bools_and_numpy_bools_only():
         run(_POLICY, "TF")  # was two overflows, one per character
 
 
-def test_check_state_accepts_the_float32_floor_the_rule_reaches():
-    """A floor that float32 rounds down (0.7 -> 0.69999999) is a state the rule reaches; a hair below is not."""
-    policy = LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7)
-    at_floor = run(policy, [True] * 3)[-1]
-    assert at_floor.scale == float(np.float32(0.7)) < 0.7
-    assert check_state(policy, at_floor) == at_floor
-    below = LossScaleState(scale=float(np.nextafter(np.float32(0.7), np.float32(0))))
+@pytest.mark.parametrize("policy, overflows, bound, outward", [
+    (LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7), [True] * 3, 0.7, 0.0),
+    (LossScalePolicy(init_scale=0.25, growth_interval=1, min_scale=0.0, max_scale=0.3), [False] * 3, 0.3, 1.0),
+], ids=["floor", "ceiling"])
+def test_check_state_accepts_the_float32_bound_the_rule_reaches(policy, overflows, bound, outward):
+    """A bound that float32 rounds outward (the floor 0.7 -> 0.69999999, the ceiling 0.3 -> 0.30000001) is a state
+    the rule reaches; a hair further out is not."""
+    reached = run(policy, overflows)[-1]
+    assert reached.scale == float(np.float32(bound))
+    assert (reached.scale < bound) if outward < bound else (reached.scale > bound)
+    assert check_state(policy, reached) == reached
+    beyond = LossScaleState(scale=float(np.nextafter(np.float32(bound), np.float32(outward))))
     with pytest.raises(ValueError, match="state.scale"):
-        check_state(policy, below)
-
-
-def test_check_state_accepts_the_float32_ceiling_the_rule_reaches():
-    """A ceiling that float32 rounds up (0.3 -> 0.30000001) is a state the rule reaches; a hair above is not."""
-    policy = LossScalePolicy(init_scale=0.25, growth_interval=1, min_scale=0.0, max_scale=0.3)
-    at_ceiling = run(policy, [False] * 3)[-1]
-    assert at_ceiling.scale == float(np.float32(0.3)) > 0.3
-    assert check_state(policy, at_ceiling) == at_ceiling
-    above = LossScaleState(scale=float(np.nextafter(np.float32(0.3), np.float32(1))))
-    with pytest.raises(ValueError, match="state.scale"):
-        check_state(policy, above)
+        check_state(policy, beyond)
 
 
 def test_the_initial_state_holds_the_scale_as_the_device_does():
@@ -199,6 +193,7 @@ def test_the_initial_state_holds_the_scale_as_the_device_does():
 def test_a_state_dict_may_be_any_mapping():
     saved = types.MappingProxyType({"loss_scale": 4.0, "good_steps": 1, "hysteresis_left": 1})
     assert state_from_dict(LossScalePolicy(init_scale=8.0), saved) == LossScaleState(scale=4.0, good_steps=1)
+
 
 @pytest.mark.parametrize("value", [np.array([3, 4]), np.zeros((1, 2)), np.array([], np.float32)], ids=repr)
 def test_a_state_value_is_one_number(value):
