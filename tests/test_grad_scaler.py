@@ -143,6 +143,7 @@ def _run_scaling_case(case, enabled, compiled, optimizer=_sgd):
     return scaler, (control_net, control_opt), (scaled_net, scaled_opt)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("case", sorted(SCALING_CASES))
 @pytest.mark.parametrize("enabled, compiled", [(T, F), (T, T), (F, F)], ids=["eager", "jit", "disabled"])
 def test_run_scaling_case(case, enabled, compiled):
@@ -151,6 +152,7 @@ def test_run_scaling_case(case, enabled, compiled):
     _same_training_state(control, scaled)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("optimizer", [
     lambda params: nn.Adam(params, learning_rate=0.05),
     # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
@@ -186,6 +188,7 @@ def test_accumulation_over_two_micro_batches():
     _same_training_state(control_net, net)
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("condition", [bool, Tensor], ids=["python_bool", "tensor"])
 @pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2},
                                       {"init_scale": 1024.0, "growth_interval": 2}], ids=["paddle", "torch"])
@@ -579,6 +582,7 @@ def test_trajectory_and_skips_follow_the_rule(case, compiled):
     assert scales == expected(FLAGS)
 
 
+@pytest.mark.lowest
 def test_eager_and_compiled_give_identical_training():
     results = []
     for compiled in (False, True):
@@ -668,6 +672,7 @@ def test_recompiling_and_other_compiled_functions_never_raise():
     assert scaler.state_dict()["_growth_tracker"] == 6 and scaler.get_scale() == 1024.0
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("compiled_halves", [(True, False), (False, True), (True, True)],
                          ids=["unscale_compiled", "step_compiled", "both_compiled"])
 def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eagerly(compiled_halves):
@@ -1025,6 +1030,7 @@ MISUSES = ["dropped_returned_gradients", "dropped_returned_gradients_then_clippe
            "unscale_after_step"]
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("misuse", MISUSES)
 def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
@@ -1584,6 +1590,7 @@ def _one_rule_runs(policy, batches, weight):
     return runs
 
 
+@pytest.mark.lowest
 @pytest.mark.parametrize("preset, overrides", [("pytorch", dict(init_scale=2.0**14, growth_interval=3)),
                                                ("megatron", dict(init_scale=2.0**14, growth_interval=2))])
 def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overrides):
