@@ -1,4 +1,6 @@
 """Graph update cells against the pure policy, and against MindSpore's own cell."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -8,7 +10,8 @@ from mindspore.common import dtype as mstype
 
 from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, TrainOneStepWithLossScaleCell
-from lossscale.policy import LossScaleState, initial_state, run
+from lossscale._parameters import write_parameter
+from lossscale.policy import LossScaleState, initial_state, run, update
 
 # Policies compiled once for the whole module (MindSpore compiles each new Cell).
 FIXED_POLICIES = {
@@ -51,6 +54,16 @@ def test_graph_cell_equals_policy_on_random_overflows(drivers, name, flags):
 _SWITCHABLE = {}  # consecutive_hysteresis -> a compiled driver whose rule is held in Parameters
 
 
+def _switchable_driver(consecutive):
+    """A compiled driver of a cell whose rule is held in Parameters, one per hysteresis mode (shared by the tests)."""
+    driver = _SWITCHABLE.get(consecutive)
+    if driver is None:
+        cell = DynamicLossScaleUpdateCell(1.0, 2, 1, consecutive_hysteresis=consecutive)
+        cell.hold_rule_in_parameters()
+        driver = _SWITCHABLE.setdefault(consecutive, UpdateCellDriver(cell))
+    return driver
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     scale_exp=st.integers(-10, 127),
@@ -67,11 +80,7 @@ def test_random_policy_graph_equals_policy(scale_exp, factor, window, hysteresis
     min_scale = 1.0 if min_exp is None else 2.0**min_exp
     policy = DynamicLossScaleUpdateCell(max(2.0**scale_exp, min_scale), factor, window, hysteresis=hysteresis,
                                         consecutive_hysteresis=consecutive, min_loss_scale=min_scale).policy
-    driver = _SWITCHABLE.get(consecutive)
-    if driver is None:
-        cell = DynamicLossScaleUpdateCell(1.0, 2, 1, consecutive_hysteresis=consecutive)
-        cell.hold_rule_in_parameters()
-        driver = _SWITCHABLE.setdefault(consecutive, UpdateCellDriver(cell))
+    driver = _switchable_driver(consecutive)
     cell = driver.update_cell
     cell.set_policy(policy, initial_state(policy))
     expected = run(policy, flags)
@@ -224,3 +233,109 @@ def test_rule_parameters_take_the_prefix_in_either_order_and_are_made_once():
     with pytest.raises(RuntimeError, match="already called"):
         held_first.hold_rule_in_parameters(dynamic=False)
     assert list(held_first.get_parameters()) == parameters and held_first.dynamic
+
+
+# label: (policy in FIXED_POLICIES, state written straight into the Parameters, flag, that state brought within
+# the rule); each field clipped differently, so each of its bounds shows.
+OUT_OF_RULE_STATES = {
+    "scale_above_max": ("bounded", (4096.0, 0, 1), True, (512.0, 0, 1)),
+    "scale_below_min": ("bounded", (2.0, 0, 1), False, (8.0, 0, 1)),
+    "scale_nan": ("bounded", (float("nan"), 0, 1), True, (512.0, 0, 1)),  # restarts from the ceiling
+    "good_steps_negative": ("hysteresis", (64.0, -5, 3), False, (64.0, 0, 3)),
+    "hysteresis_left_zero": ("hysteresis", (64.0, 0, 0), False, (64.0, 0, 1)),
+    "hysteresis_left_above_full": ("hysteresis", (64.0, 0, 9), True, (64.0, 0, 3)),
+}
+
+
+@pytest.mark.parametrize("label", sorted(OUT_OF_RULE_STATES))
+def test_a_state_outside_the_rule_is_brought_within_it_at_the_next_step(drivers, label):
+    """A state no rule reaches, written straight into the Parameters (as ``load_param_into_net`` does with a
+    checkpoint of another configuration, or of MindSpore's cell at an inf scale), is clipped into the rule
+    (a non-finite scale restarts from the ceiling), then the step applies the rule to it."""
+    name, (scale, good_steps, hysteresis_left), flag, within = OUT_OF_RULE_STATES[label]
+    driver = drivers[name]
+    cell = driver.update_cell
+    write_parameter(driver.scale, np.float32(scale))
+    write_parameter(cell.good_steps, good_steps)
+    write_parameter(cell.hysteresis_left, hysteresis_left)
+    driver(Tensor(flag))
+    assert cell.get_state() == update(cell.policy, LossScaleState(*within), flag)
+
+
+def test_set_policy_reaches_a_compiled_graph_with_its_bounds_and_keeps_the_state_within_them():
+    """Every number of the new rule reaches the graph compiled before (here the floor and the ceiling); without a
+    state, the current one is kept, its counters clipped to the new window and hysteresis; the MindSpore
+    attributes follow the new rule."""
+    driver = _switchable_driver(False)
+    cell = driver.update_cell
+    wide = replace(cell.policy, init_scale=64.0, growth_interval=5, hysteresis=3, min_scale=1.0, max_scale=None)
+    cell.set_policy(wide, LossScaleState(scale=64.0, good_steps=4, hysteresis_left=3))
+    narrow = replace(wide, growth_factor=4.0, growth_interval=2, hysteresis=2, min_scale=16.0, max_scale=128.0)
+    cell.set_policy(narrow)
+    assert cell.get_state() == LossScaleState(scale=64.0, good_steps=1, hysteresis_left=2)
+    assert (cell.scale_factor, cell.scale_window) == (4.0, 2)
+    flags = [False, False, True, True, True, True, True, True]
+    expected = [state.scale for state in run(narrow, flags, cell.get_state())]
+    assert driver.run(flags) == expected
+    assert max(expected) == 128.0 and expected[-1] == 16.0  # the ceiling, then the floor
+
+
+def test_a_cell_switched_to_a_fixed_scale_changes_nothing_where_the_rule_would():
+    """set_dynamic(False) reaches the compiled graph: a growth and a backoff both due, neither the scale nor a
+    counter moves."""
+    driver = _switchable_driver(False)
+    cell = driver.update_cell
+    policy = replace(cell.policy, init_scale=64.0, growth_interval=2, hysteresis=1, min_scale=1.0, max_scale=None)
+    cell.set_policy(policy, LossScaleState(scale=64.0, good_steps=1, hysteresis_left=1))
+    cell.set_dynamic(False)
+    try:
+        assert not cell.dynamic
+        assert driver.run([False, True]) == [64.0, 64.0]
+        assert cell.get_state() == LossScaleState(scale=64.0, good_steps=1, hysteresis_left=1)
+    finally:
+        cell.set_dynamic(True)  # the driver is shared
+
+
+def test_set_policy_and_set_dynamic_need_the_rule_in_parameters_and_the_same_hysteresis_mode():
+    cell = DynamicLossScaleUpdateCell(2.0**10, 2, 5, hysteresis=3)
+    for call in (lambda: cell.set_policy(cell.policy), lambda: cell.set_dynamic(False)):
+        with pytest.raises(RuntimeError, match=r"needs hold_rule_in_parameters\(\) first"):
+            call()
+    cell.hold_rule_in_parameters()
+    before = (cell.policy, cell.get_state())
+    for mode in ({"consecutive_hysteresis": True}, {"refill_hysteresis_on_backoff": True}):
+        with pytest.raises(ValueError, match="'policy' must keep the hysteresis mode of this update cell"):
+            cell.set_policy(replace(cell.policy, **mode))
+        assert (cell.policy, cell.get_state()) == before
+
+
+# 1000.1 is not a float32: a train cell's scale Parameter holds it as 1000.0999755859375.
+INEXACT = 1000.1
+INEXACT_FLOAT32 = float(np.float32(INEXACT))
+
+
+@pytest.mark.parametrize("make", [lambda: FixedLossScaleUpdateCell(INEXACT),
+                                  lambda: DynamicLossScaleUpdateCell(INEXACT, 2, 10)], ids=["fixed", "dynamic"])
+def test_a_scale_float32_cannot_hold_reads_the_same_before_and_after_a_train_cell_adopts_the_cell(make):
+    cell = make()
+    assert INEXACT_FLOAT32 != INEXACT and cell.get_loss_scale() == INEXACT_FLOAT32
+    UpdateCellDriver(cell)
+    assert cell.get_loss_scale() == INEXACT_FLOAT32
+
+
+def test_a_loaded_scale_float32_cannot_hold_reads_as_float32_holds_it():
+    cell = DynamicLossScaleUpdateCell(2.0**10, 2, 10)
+    cell.load_state_dict({"loss_scale": INEXACT, "good_steps": 3, "hysteresis_left": 1})
+    assert cell.state_dict() == {"loss_scale": INEXACT_FLOAT32, "good_steps": 3, "hysteresis_left": 1}
+
+
+def test_a_fixed_cell_loads_its_own_state_dict_of_a_scale_float32_cannot_hold():
+    """The saved scale is compared in float32, as the cell holds it."""
+    cell = FixedLossScaleUpdateCell(INEXACT)
+    saved = cell.state_dict()
+    assert saved == {"loss_scale": INEXACT_FLOAT32}
+    cell.load_state_dict(saved)
+    FixedLossScaleUpdateCell(INEXACT_FLOAT32).load_state_dict({"loss_scale": INEXACT})
+    next_float32 = float(np.nextafter(np.float32(INEXACT), np.float32(np.inf)))
+    with pytest.raises(ValueError, match="must equal the fixed loss scale 1000.1"):
+        cell.load_state_dict({"loss_scale": next_float32})
