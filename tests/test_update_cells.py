@@ -11,7 +11,7 @@ from mindspore.common import dtype as mstype
 from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, TrainOneStepWithLossScaleCell
 from lossscale._parameters import write_parameter
-from lossscale.policy import LossScaleState, initial_state, run, update
+from lossscale.policy import LossScalePolicy, LossScaleState, initial_state, run, update
 
 # Policies compiled once for the whole module (MindSpore compiles each new Cell).
 FIXED_POLICIES = {
@@ -268,7 +268,8 @@ def test_set_policy_reaches_a_compiled_graph_with_its_bounds_and_keeps_the_state
     attributes follow the new rule."""
     driver = _switchable_driver(False)
     cell = driver.update_cell
-    wide = replace(cell.policy, init_scale=64.0, growth_interval=5, hysteresis=3, min_scale=1.0, max_scale=None)
+    # Every number given: the driver is shared, so its current rule is whatever the test before it set.
+    wide = LossScalePolicy(init_scale=64.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=5, hysteresis=3)
     cell.set_policy(wide, LossScaleState(scale=64.0, good_steps=4, hysteresis_left=3))
     narrow = replace(wide, growth_factor=4.0, growth_interval=2, hysteresis=2, min_scale=16.0, max_scale=128.0)
     cell.set_policy(narrow)
@@ -285,7 +286,7 @@ def test_a_cell_switched_to_a_fixed_scale_changes_nothing_where_the_rule_would()
     counter moves."""
     driver = _switchable_driver(False)
     cell = driver.update_cell
-    policy = replace(cell.policy, init_scale=64.0, growth_interval=2, hysteresis=1, min_scale=1.0, max_scale=None)
+    policy = LossScalePolicy(init_scale=64.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2, hysteresis=1)
     cell.set_policy(policy, LossScaleState(scale=64.0, good_steps=1, hysteresis_left=1))
     cell.set_dynamic(False)
     try:
