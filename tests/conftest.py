@@ -5,6 +5,7 @@ import sys
 import mindspore as ms
 import numpy as np
 import pytest
+from hypothesis import settings
 from mindspore import Parameter, Tensor, nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,6 +16,10 @@ if ROOT not in sys.path:
 # not importable here.
 collect_ignore = ["keras_reference.py", "jax_reference.py"]
 
+# HYPOTHESIS_PROFILE=ci (set by .ci/run): the property tests draw the same examples on every run, so that CI's verdict
+# depends on the change only; elsewhere they draw new ones each run (a failure prints how to reproduce it).
+settings.register_profile("ci", derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 class UpdateCellDriver(nn.Cell):
