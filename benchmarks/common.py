@@ -10,6 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from lossscale._cpu_kernels import prefer_fast_cpu_convolutions  # noqa: E402  pylint: disable=wrong-import-position
+
+# As the command line does; before any MindSpore operation (benchmarks/bench_cpu_kernels.py measures the difference).
+prefer_fast_cpu_convolutions()
+
 MODELS = {"mlp": 128, "lenet5": 32}  # model -> batch size
 LEVELS = ("O0", "O2", "O3")
 

@@ -31,10 +31,10 @@ EAGER_FULL = {"rounds": 8, "steps": 10, "warmup": 3, "builds": 3}
 EAGER_SMOKE = {"rounds": 1, "steps": 1, "warmup": 1, "builds": 1}
 
 
-def run_process(script, args, timeout):
-    """Run a benchmark script in a fresh process and return its RESULT payload."""
+def run_process(script, args, timeout, env=None):
+    """Run a benchmark script in a fresh process (with ``env``, else this one's) and return its RESULT payload."""
     command = [sys.executable, os.path.join(HERE, script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")

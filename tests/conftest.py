@@ -8,6 +8,8 @@ import pytest
 from hypothesis import settings
 from mindspore import Parameter, Tensor, nn
 
+from lossscale._cpu_kernels import prefer_fast_cpu_convolutions
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -15,6 +17,10 @@ if ROOT not in sys.path:
 # Run by test_reference_keras.py and test_reference_jax.py under other interpreters (with TensorFlow, with JAX):
 # not importable here.
 collect_ignore = ["keras_reference.py", "jax_reference.py"]
+
+# As the command line does (the results page is its output): fast CPU convolutions with MindSpore 2.10. The
+# processes the tests start inherit it.
+prefer_fast_cpu_convolutions()
 
 # HYPOTHESIS_PROFILE=ci (set by .ci/run): the property tests draw the same examples on every run, so that CI's verdict
 # depends on the change only; elsewhere they draw new ones each run (a failure prints how to reproduce it).
