@@ -1,6 +1,6 @@
 """What the oneDNN limit of the command line, the tests and the benchmarks (lossscale/_cpu_kernels.py) changes.
 
-    python benchmarks/bench_cpu_kernels.py [--levels O0 O2] [--pairs 2]   # about 5 minutes on 2 cores
+    python benchmarks/bench_cpu_kernels.py [--levels O0 O2] [--pairs 2]   # about 7 minutes on 2 cores
 
 oneDNN reads ONEDNN_MAX_CPU_ISA once per process, so each setting runs in processes of its own:
 benchmarks/bench_step.py on LeNet5 (the only benchmark network with convolutions), alternating oneDNN's own

@@ -83,3 +83,35 @@ def test_release_materialise_renames_the_package_and_removes_its_folder_at_exit(
     assert os.path.dirname(folder) == str(tmp_path) and os.path.basename(folder).startswith("lossscale_release_")
     assert current_modules == "[]" and module_of_class.startswith("lossscale_release.")
     assert not os.path.exists(folder) and not os.listdir(tmp_path)
+
+
+def _bench_cpu_kernels():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_cpu_kernels  # pylint: disable=import-outside-toplevel,import-error
+    finally:
+        sys.path.pop(0)
+    return bench_cpu_kernels
+
+
+def test_cpu_kernel_benchmark_alternates_the_settings_in_processes_and_tabulates_their_medians(monkeypatch):
+    """bench_cpu_kernels.py (a full run takes 7 minutes, so its processes are stood in for): each process gets
+    one setting in its environment, the settings alternate, and the table's numbers are the medians of the
+    processes' results, the speed-up their ratio."""
+    module = _bench_cpu_kernels()
+    calls = []
+
+    def fake_process(script, args, timeout, env=None):
+        setting = env["ONEDNN_MAX_CPU_ISA"]
+        calls.append((script, args[:2], setting))
+        slow = {"DEFAULT": 10.0, "AVX2": 1.0}[setting] * (1 + len(calls))  # each process slower than the last
+        return {"summary": {"plain": {"median_ms": slow}, "lossscale": {"median_ms": 1.5 * slow}},
+                "ratios": {"lossscale/plain": 1.5 if setting == "AVX2" else 1.25}}
+
+    monkeypatch.setattr(module, "run_process", fake_process)
+    results = module.measure("O2", pairs=2)
+    assert calls == [("bench_step.py", ["--model=lenet5", "--level=O2"], setting)
+                     for setting in ("DEFAULT", "AVX2", "DEFAULT", "AVX2")]
+    row = module.table([("O2", results)]).splitlines()[2].split()
+    # plain: DEFAULT 20 and 40 ms -> 30; AVX2 3 and 5 ms -> 4; lossscale 1.5x those; ratios 1.25 and 1.5
+    assert row == ["O2", "30.00", "ms", "4.00", "ms", "7.5x", "45.00", "ms", "6.00", "ms", "1.250", "1.500"]
