@@ -973,6 +973,40 @@ def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_r
     assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929, 0.800000011920929]]
 
 
+def test_a_step_without_unscale_beside_another_keys_unscaled_gradients_of_other_shapes_is_applied():
+    """The refusal above is for identical shapes only: gradients of other shapes cannot be the ones unscale_()
+    returned for the other key, so step() unscales them and applies them (PyTorch's order is accepted)."""
+    nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros"), nn.Dense(3, 1, weight_init="ones", bias_init="zeros")]
+    opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    grads = [(Tensor(np.full((1, width), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
+             for k, width in ((1, 2), (2, 3))]
+    unscaled_a = scaler.unscale_(grads[0], key="a")
+    assert not bool(scaler.step(opts[1], grads[1], key="b").asnumpy())
+    assert not bool(scaler.step(opts[0], unscaled_a, key="a").asnumpy())
+    scaler.update()
+    assert nets[0].weight.asnumpy().tolist() == [[0.8999999761581421] * 2]
+    assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929] * 3]
+
+
+def test_an_overflow_is_forgotten_at_update_by_an_optimizer_that_sits_out_the_next_iteration():
+    """PyTorch resets every optimizer's record at update(): an optimizer whose gradients overflowed, and that
+    does not step in the next iteration, does not make that iteration back off again."""
+    nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros"), nn.Dense(3, 1, weight_init="ones", bias_init="zeros")]
+    opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    clean = (Tensor(np.full((1, 2), 1024.0, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
+    overflowed = (Tensor(np.full((1, 3), np.inf, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
+    assert not bool(scaler.step(opts[0], clean, key="a").asnumpy())
+    assert bool(scaler.step(opts[1], overflowed, key="b").asnumpy())
+    scaler.update()
+    assert scaler.get_scale() == 512.0 and nets[1].weight.asnumpy().tolist() == [[1.0] * 3]
+    assert not bool(scaler.step(opts[0], clean, key="a").asnumpy())  # only the first optimizer steps
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+    # 1 - 0.1 * 1024 / 1024, then - 0.1 * 1024 / 512: each step unscaled by the scale it was scaled with
+    np.testing.assert_allclose(nets[0].weight.asnumpy(), [[0.7, 0.7]], rtol=1e-6)
+
 def _misuse_cases(scaler, opt, grad_fn):
     def dropped_returned_gradients(x, y):
         _, grads = grad_fn(x, y)
