@@ -10,6 +10,11 @@ from mindspore import Parameter, Tensor, nn
 
 from lossscale._cpu_kernels import prefer_fast_cpu_convolutions
 
+try:  # MindSpore >= 2.9 (mindspore.common.api is deprecated there)
+    from mindspore.graph.api import _JitExecutor  # pylint: disable=protected-access
+except ImportError:
+    from mindspore.common.api import _JitExecutor  # pylint: disable=protected-access
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -54,3 +59,19 @@ class UpdateCellDriver(nn.Cell):
 def _seed():
     ms.set_seed(0)
     np.random.seed(0)
+
+
+@pytest.fixture
+def compilations(monkeypatch):
+    """A list that grows at each compilation of a ``mindspore.jit`` function or jit construct (MindSpore calls its
+    recompilation check exactly when a call finds no compiled graph)."""
+    module = sys.modules[_JitExecutor.__module__]
+    compiled = []
+    original = module._check_recompile  # pylint: disable=protected-access
+
+    def counting(*args, **kwargs):
+        compiled.append(args[3] if len(args) > 3 else args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_check_recompile", counting)
+    return compiled

@@ -11,7 +11,6 @@ import inspect
 import logging
 import pickle
 import re
-import sys
 import warnings
 import weakref
 
@@ -19,7 +18,6 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, mint, nn, ops
-from mindspore.common.api import _JitExecutor  # pylint: disable=protected-access
 
 from backend_standins import SaturatingNet, StatusRegister
 from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
@@ -2261,23 +2259,8 @@ def test_grad_capture_sees_unscaled_gradients():
 
 # ---- eager calls run compiled (lossscale._eager_calls) ------------------------------------------------
 
-def _compilations(monkeypatch):
-    """A list that grows at each compilation of a ``mindspore.jit`` function or jit construct (MindSpore calls its
-    recompilation check exactly when a call finds no compiled graph)."""
-    module = sys.modules[_JitExecutor.__module__]
-    compiled = []
-    original = module._check_recompile  # pylint: disable=protected-access
-
-    def counting(*args, **kwargs):
-        compiled.append(args[3] if len(args) > 3 else args)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, "_check_recompile", counting)
-    return compiled
-
-
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph_mode"])
-def test_eager_calls_compile_once_and_train_as_the_control(mode, monkeypatch):
+def test_eager_calls_compile_once_and_train_as_the_control(mode, compilations):
     """From Python, unscale_, step and update each run one compiled graph (an eager MLP iteration 150 -> 46 ms):
     compiled once, not at every call (a tuple of gradients given as it is would be a constant of the compilation),
     and training exactly as the unscaled control, including the skipped inf iteration."""
@@ -2289,7 +2272,7 @@ def test_eager_calls_compile_once_and_train_as_the_control(mode, monkeypatch):
         scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
         grad_fn = _grad_fn(scaler, net, opt)
         control_fn = ms.value_and_grad(control_net, None, control_opt.parameters)
-        compiled = _compilations(monkeypatch)
+        compiled = compilations
         for iteration, (x, y) in enumerate(_batches(5)):
             _, grads = grad_fn(x, y)
             grads = scaler.unscale_(_poison(grads, Tensor(iteration == SKIP_ITER)))

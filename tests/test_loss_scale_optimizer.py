@@ -29,7 +29,7 @@ class Square(nn.Cell):
 
 
 def _value(opt_or_param):
-    return float(opt_or_param.asnumpy())
+    return float(opt_or_param.asnumpy().item())
 
 
 def test_keras_docs_minimize_example():
@@ -222,6 +222,8 @@ def test_hyperparameters_are_delegated():
     assert _value(inner.learning_rate) == 0.25
     opt.learning_rate = Tensor(np.float32(0.125))
     assert _value(inner.learning_rate) == 0.125
+    opt.learning_rate = 0.0  # Keras accepts a rate of 0 (a frozen step)
+    assert _value(inner.learning_rate) == 0.0
 
 
 @pytest.mark.parametrize("name, hint", [("get_config", "save_checkpoint"), ("from_config", "save_checkpoint"),
@@ -242,7 +244,8 @@ def test_a_missing_attribute_is_named_on_the_wrapper(name, hint):
     assert hasattr(opt, "learning_rate") and hasattr(opt, "parameters")
 
 
-@pytest.mark.parametrize("value", [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf")])
+@pytest.mark.parametrize("value", [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf"),
+                                   Tensor(np.zeros(0, np.float32))])
 def test_bad_learning_rates_are_refused(value):
     opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
     with pytest.raises(ValueError, match="'learning_rate'"):
@@ -286,6 +289,8 @@ BAD_ARGUMENTS = [
     (dict(dynamic_growth_steps=2.5), "'dynamic_growth_steps'"),
     (dict(dynamic_growth_steps=True), "'dynamic_growth_steps'"),
     (dict(policy="keras", initial_scale=8.0), "either 'policy'"),
+    (dict(policy="keras", dynamic=False), "either 'policy'"),
+    (dict(policy="keras", dynamic_growth_steps=10), "either 'policy'"),
     (dict(clipnorm=1.0), "does not support `clipnorm`. Instead, set `clipnorm` on the `inner_optimizer`"),
     (dict(momentum=0.9), "does not support `momentum`. Instead, set `momentum` on the `inner_optimizer`"),
     (dict(loss_scale=8.0), "does not support `loss_scale`. Instead"),
@@ -369,9 +374,12 @@ def test_wrongly_scaled_gradients_are_refused(compiled, scale_loss, unscale, pat
 
     step = ms.jit(step) if compiled else step
     before = training_state(net)
-    with pytest.raises(RuntimeError, match=pattern):
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match=pattern):
+        warnings.simplefilter("always")
         _read(step(*[Tensor(a) for a in regression_batches(1)[0]]))
     assert changed_since(before, net) == []
+    # one scaling call was made: the refusal says what is wrong, not the warning for neither call
+    assert not [w for w in caught if "without get_scaled_loss" in str(w.message)]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -417,6 +425,38 @@ def test_applying_without_the_scaling_calls_warns_once():
         opt(grads)
     assert len(caught) == 1 and "without get_scaled_loss() and get_unscaled_gradients()" in str(caught[0].message)
     assert _value(model.var) == 0.0  # the true gradients were applied twice: 1 - 0.5, then 0.5 - 0.5
+
+
+@pytest.mark.parametrize("entry", [lambda g, v: (g,), lambda g, v: (g, v, v)], ids=["one", "three"])
+def test_keras_pairs_of_other_lengths_are_refused_before_anything_is_applied(entry):
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+
+    def forward():
+        return opt.get_scaled_loss(model())
+
+    grads = opt.get_unscaled_gradients(ms.value_and_grad(forward, None, opt.parameters)()[1])
+    with pytest.raises(TypeError, match="entry 0 is not a pair of two"):
+        opt.apply_gradients([entry(grads[0], model.var)])
+    assert _value(model.var) == 1.0 and _value(opt.iterations) == 0
+
+
+def test_eager_iterations_compile_once(compilations):
+    """Called from Python, the apply step is one compiled Cell given the gradients as a mutable tuple: compiled at
+    the first iteration only (a plain tuple of Tensors is a constant to MindSpore, so each new value of the
+    gradients compiled it again, 0.2 s per call)."""
+    net = regression_net()
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
+
+    def forward(x, y):
+        return opt.get_scaled_loss(net(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+    for iteration, (x, y) in enumerate(regression_batches(3)):
+        assert not bool(_read(opt.apply_gradients(opt.get_unscaled_gradients(grad_fn(Tensor(x), Tensor(y))[1]))))
+        if iteration == 0:
+            first = len(compilations)
+    assert len(compilations) == first, compilations
 
 
 def test_minimize_checks_var_list():
