@@ -512,6 +512,8 @@ BAD_ARGUMENTS = [
     ({"backoff_factor": 1.5}, AssertionError, "'backoff_factor'.*1.5"),
     ({"growth_interval": -1}, ValueError, "'growth_interval'.*-1"),
     ({"enabled": "no"}, TypeError, "'enabled' must be a bool"),
+    ({"backoff_factor": None}, TypeError, "'backoff_factor' must be a number, but got None"),
+    ({"decr_ratio": None}, TypeError, "'decr_ratio' must be a number, but got None"),
 ]
 
 
@@ -1479,6 +1481,9 @@ def test_optimizer_with_its_own_loss_scale_is_refused():
         scaler.step(opt, grads)
     with pytest.raises(ValueError, match="'optimizer.loss_scale'"):
         LossScaleOptimizer(nn.Momentum(regression_net().trainable_params(), 0.05, 0.9, loss_scale=8.0))
+    below_one = nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=0.5)  # would multiply them by 2
+    with pytest.raises(ValueError, match="'optimizer.loss_scale' is 0.5"):
+        scaler.step(below_one, grads)
     assert changed_since(before, net) == []
 
 
@@ -1750,6 +1755,20 @@ def test_update_with_a_bad_new_scale(new_scale, error):
     scaler = _scaler_after_one_step()
     with pytest.raises(error, match="new_scale"):
         scaler.update(new_scale)
+    assert scaler.get_scale() == 4.0
+
+
+@pytest.mark.parametrize("new_scale", [np.float32([1.0, 2.0]), np.zeros(0, np.float32)], ids=["two", "none"])
+def test_update_with_a_new_scale_of_other_than_one_value_is_refused_in_a_compiled_function(new_scale):
+    scaler = _scaler_after_one_step()
+
+    @ms.jit
+    def update(value):
+        scaler.update(value)
+        return value
+
+    with pytest.raises(TypeError, match="'new_scale' must be one float value"):
+        update(Tensor(new_scale))
     assert scaler.get_scale() == 4.0
 
 
@@ -2084,6 +2103,8 @@ BAD_STATES = [
     ("none", TypeError, "state_dict\\['scale'\\]"),
     ("tracker", ValueError, "state_dict\\['_growth_tracker'\\].*5"),
     ("factor", AssertionError, "'growth_factor'.*0.5"),
+    ("tracker_at_interval", ValueError, "state_dict\\['_growth_tracker'\\].*4"),  # grows at 4: never kept at 4
+    ("empty_scale", ValueError, "state_dict\\['scale'\\]' must hold one number, but got 0 values"),
 ]
 
 
@@ -2093,10 +2114,35 @@ def test_bad_state_dicts_change_nothing(state, error, pattern):
     good = scaler.state_dict()
     if isinstance(state, str):
         state = {"nan": dict(good, scale=float("nan")), "none": dict(good, scale=None),
-                 "tracker": dict(good, _growth_tracker=5), "factor": dict(good, growth_factor=0.5)}[state]
+                 "tracker": dict(good, _growth_tracker=5), "factor": dict(good, growth_factor=0.5),
+                 "tracker_at_interval": dict(good, _growth_tracker=4),
+                 "empty_scale": dict(good, scale=np.zeros(0, np.float32))}[state]
     with pytest.raises(error, match=pattern):
         scaler.load_state_dict(state)
     assert scaler.state_dict() == good
+
+
+@pytest.mark.parametrize("key, value", [("incr_count", 4), ("decr_count", 2)])
+def test_paddle_counters_at_their_limit_are_refused_and_change_nothing(key, value):
+    """A count reaches its limit only to act (grow at incr_every_n_steps clean steps, back off at
+    decr_every_n_nan_or_inf overflows) and restart: a state holding it was never saved by a scaler."""
+    scaler = GradScaler(init_loss_scaling=8.0, incr_every_n_steps=4, decr_every_n_nan_or_inf=2)
+    good = scaler.state_dict()
+    with pytest.raises(ValueError, match=f"state_dict\\['{key}'\\].*{value}"):
+        scaler.load_state_dict(dict(good, **{key: value}))
+    assert scaler.state_dict() == good
+
+
+def test_a_paddle_state_without_hysteresis_keys_works_as_the_scalers_own_rule():
+    """Paddle's own state dicts name no hysteresis mode: one with a hysteresis loads into a scaler whose rule has
+    one (here Megatron's, in Paddle's spelling) and works as that rule."""
+    saved = GradScaler(policy="megatron")
+    _overflow_steps(saved, [T])
+    paddle_format = {key: value for key, value in saved.state_dict().items()
+                     if key not in ("consecutive_hysteresis", "refill_hysteresis_on_backoff")}
+    scaler = GradScaler(policy="megatron")
+    scaler.load_state_dict(paddle_format)
+    assert scaler.get_state() == saved.get_state() and scaler.state_dict() == saved.state_dict()
 
 
 def test_pickle_between_iterations_only():
