@@ -620,7 +620,8 @@ class GradScaler:
         """Restore a state: this scaler's, Paddle's or PyTorch's format (validated; nothing changes on error).
 
         Ignored when disabled (as Paddle and PyTorch). The saved scale also becomes the
-        initial scale (as both do).
+        initial scale (as both do). A TorchGradScaler refuses a fixed Paddle state
+        (``use_dynamic_loss_scaling`` False): PyTorch's scale is always dynamic.
         """
         self._host_only("load_state_dict()")
         if not self._enabled:
@@ -630,11 +631,15 @@ class GradScaler:
         if not state_dict:
             raise RuntimeError(self._EMPTY_STATE)
         policy, state, dynamic = _parse_state(state_dict, self._policy)
+        self._refuse_fixed_state(dynamic)
         self._core.set_rule(policy, state, dynamic)
         self._policy = policy
 
     _EMPTY_STATE = ("The input state dict is empty, possibly because it was saved from a disabled instance of "
                     "GradScaler.")
+
+    def _refuse_fixed_state(self, dynamic):
+        """Paddle's scale may be fixed (``use_dynamic_loss_scaling=False``); PyTorch's may not (TorchGradScaler)."""
 
     def __getstate__(self):
         """Pickle between iterations only (as PyTorch): the configuration and the state. An explicit ``name``
@@ -708,6 +713,14 @@ class TorchGradScaler(GradScaler):
 
     def _refuse_update(self):
         return self._states.refuse_update_without_checks()
+
+    def _refuse_fixed_state(self, dynamic):
+        """A fixed Paddle state is refused: PyTorch's scale is always dynamic, and PyTorch's state_dict() has no
+        place for a fixed one, so a round trip would silently make it dynamic again."""
+        if not dynamic:
+            raise ValueError("'state_dict['use_dynamic_loss_scaling']' is False, but a PyTorch GradScaler's scale is "
+                             "always dynamic: load a fixed Paddle state into a scaler of Paddle's spelling, "
+                             "GradScaler(init_loss_scaling=..., use_dynamic_loss_scaling=False).")
 
     def state_dict(self):
         """PyTorch's state (empty when disabled): ``scale``, ``growth_factor``, ``backoff_factor``,

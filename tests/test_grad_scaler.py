@@ -1772,6 +1772,22 @@ def test_update_with_a_new_scale_of_other_than_one_value_is_refused_in_a_compile
     assert scaler.get_scale() == 4.0
 
 
+@pytest.mark.parametrize("new_scale", [-1.0, float("nan"), 1e-40], ids=["negative", "nan", "subnormal"])
+def test_update_with_a_bad_new_scale_tensor_is_refused_in_a_compiled_function(new_scale):
+    """Inside mindspore.jit a Tensor new_scale is checked when the graph runs, as eagerly. PyTorch's rule has no
+    floor; 1e-40 is a subnormal whose reciprocal is inf (unscaling would make every gradient inf): refused whether
+    the kernels flush it to 0 (this CPU's do, so the reciprocal check is not what refuses it here) or not."""
+    scaler = _scaler_after_one_step()
+
+    @ms.jit
+    def update(value):
+        return scaler.update(value).get_scale()
+
+    with pytest.raises(ValueError, match="'new_scale' must be a finite"):
+        _read(update(Tensor(np.float32(new_scale))))
+    assert scaler.get_scale() == 4.0
+
+
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
 def test_update_with_new_scale_in_a_compiled_step_acts_as_eagerly(as_tensor):
     """Inside mindspore.jit, update(new_scale) did nothing: the scale stayed, and the next iteration's step() was
@@ -2094,6 +2110,20 @@ def test_a_state_without_hysteresis_loads_into_either_spelling():
     assert torch_scaler.get_state() == saved.get_state() and torch_scaler.get_scale() == 16.0
 
 
+def test_a_pytorch_scaler_refuses_a_fixed_paddle_state_and_changes_nothing():
+    """A TorchGradScaler loaded a Paddle state with use_dynamic_loss_scaling=False and kept its scale fixed, but its
+    state_dict() (PyTorch's keys) had no place for that: loaded again, the scale was dynamic. PyTorch's scale is
+    always dynamic, so such a state is refused; the same state made dynamic loads."""
+    fixed = GradScaler(init_loss_scaling=64.0, decr_every_n_nan_or_inf=1, use_dynamic_loss_scaling=False)
+    torch_scaler = GradScaler("cuda", init_scale=256.0)
+    before = torch_scaler.state_dict()
+    with pytest.raises(ValueError, match=r"'state_dict\['use_dynamic_loss_scaling'\]' is False.*always dynamic"):
+        torch_scaler.load_state_dict(fixed.state_dict())
+    assert torch_scaler.state_dict() == before and torch_scaler.is_use_dynamic_loss_scaling()
+    torch_scaler.load_state_dict(dict(fixed.state_dict(), use_dynamic_loss_scaling=True))
+    assert torch_scaler.get_scale() == 64.0 and torch_scaler.is_use_dynamic_loss_scaling()
+
+
 BAD_STATES = [
     ({}, RuntimeError, "state dict is empty"),
     ([1, 2], TypeError, "'state_dict' must be a dict"),
@@ -2328,6 +2358,8 @@ def test_eager_calls_compile_once_and_train_as_the_control(mode, compilations):
                 control_opt(control_fn(x, y)[1])
             if iteration == 0:
                 first = len(compiled)
+        # unscale_, step and update each ran a compiled Cell of the scaler's (not the few hundred kernels of PyNative)
+        assert len(scaler._calls._functions) == 3  # pylint: disable=protected-access
         assert len(compiled) == first, compiled  # nothing compiled after the first iteration
         _same_training_state((net, opt), (control_net, control_opt))
         assert scaler.get_scale() == 128.0 * 2**4 * 0.5  # grew at each clean iteration, backed off at the inf one
