@@ -11,8 +11,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, build_parser, comparison_verdict, main,
-                           parse_loss_scale, scale_advice)
+from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, comparison_verdict,
+                           main, parse_loss_scale, run_training, scale_advice, stall_warning)
 from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,6 +95,41 @@ def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypa
     out = capsys.readouterr().out
     assert "plot: matplotlib is not installed" in out and "Traceback" not in out
     assert not (tmp_path / "training.png").exists() and (tmp_path / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("batch_size, workers", [(1438, 1), (719, 2), (480, 3)])
+def test_a_batch_size_of_a_workers_whole_share_is_accepted(batch_size, workers):
+    """The boundary of the refusals in test_bad_arguments_give_one_line_and_exit_2 (1439, 720 and 481): one full
+    batch per worker is enough (each of 3 workers gets ceil(1438 / 3) = 480 images)."""
+    assert _check_batch_size(batch_size, workers) == batch_size
+
+
+def test_run_training_refuses_a_batch_larger_than_the_data_before_training():
+    """run_training (the command line's engine, also called from Python) checks the dataset's own number of
+    steps: an empty epoch would train nothing and report the untrained network."""
+    with pytest.raises(CliError, match="--batch-size 1439 is larger than the 1438 training images"):
+        run_training("mlp", batch_size=1439, epochs=1, progress=False)
+
+
+def _records(flags):
+    return {"records": [{"overflow": flag} for flag in flags], "config": {"loss_scale": "dynamic"}}
+
+
+@pytest.mark.parametrize("flags, stalled", [
+    ([], False),  # no step at all: nothing to warn about
+    ([True] * 3, True),  # no step applied
+    ([True] * 20 + [False] + [True] * 5 + [False] * 44, True),  # 5 of the 50 steps from the first applied one
+    ([True] * 20 + [False] + [True] * 4 + [False] * 45, False),  # 4: fewer than 5
+    ([False] + [True] * 6 + [False] * 63, False),  # 6 of 70: fewer than 10%
+    ([False] + [True] * 7 + [False] * 62, True),  # 7 of 70: 10%
+])
+def test_stall_warning_counts_from_the_first_applied_step(flags, stalled):
+    """Stalled: no step applied, or at least 10% (and at least 5) of the steps from the first applied one skipped;
+    the backoffs before it are how a dynamic scale finds its level."""
+    warning = stall_warning(_records(flags))
+    assert (warning is not None) == stalled, warning
+    if stalled:
+        assert f"{sum(flags)} of {len(flags)} steps" in warning
 
 
 def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
@@ -244,6 +279,8 @@ def test_parse_loss_scale():
     assert label == "preset:pytorch" and factory().scale_window == 7 and factory().get_loss_scale() == 2.0**16
     with pytest.raises(CliError):
         parse_loss_scale("fixed:inf")
+    label, factory = parse_loss_scale("fixed:1")  # the lowest scale allowed
+    assert label == "fixed:1" and factory().get_loss_scale() == 1.0
 
 
 @pytest.mark.parametrize("fp32, dynamic, relation", [
@@ -251,6 +288,8 @@ def test_parse_loss_scale():
     (0.9666, 0.9630, "0.36 percentage points below fp32 (96.66%): not more than 0.5 below"),
     (0.9610, 0.9666, "0.56 percentage points above fp32 (96.10%): not more than 0.5 below"),
     (0.9666, 0.96662, "the same as fp32 (96.66%): not more than 0.5 below"),
+    (0.9666, 0.9670, "0.04 percentage points above fp32 (96.66%): not more than 0.5 below"),
+    (0.97, 0.965, "0.50 percentage points below fp32 (97.00%): not more than 0.5 below"),  # exactly -0.5
 ])
 def test_comparison_verdict(fp32, dynamic, relation):
     runs = [("fp32", {"test_accuracy": fp32}), ("fp16 dynamic", {"test_accuracy": dynamic})]
