@@ -423,6 +423,20 @@ def test_ascend_saturation_check_reads_the_backward_and_only_the_backward(satura
         assert not register.bits.any()  # the next step starts clean
 
 
+def test_with_clipping_the_saturation_register_still_decides():
+    """With clip_global_norm a non-finite global norm decides for the checks of inf/nan, but saturated gradients
+    are finite: in saturation mode the register must still be read, or the norm alone would apply the step."""
+    register = StatusRegister()
+    net = SaturatingNet(register)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(2.0**10)),
+                                         clip_global_norm=1.0,
+                                         overflow_check=AscendSaturationCheck(register.clear_status, register.get_status))
+    for x, overflow in [(200.0, True), (1.0, False)]:  # x = 200 saturates the backward at scale 1024
+        w = step.network.w.asnumpy().copy()
+        assert bool(step(Tensor(np.array([1.0, 2.0, x], np.float32)))[1].asnumpy()) == overflow
+        assert np.array_equal(step.network.w.asnumpy(), w) == overflow
+
+
 def test_saturated_gradients_are_finite_so_isfinite_would_miss_them(saturation_cells):
     """Why saturation mode needs the register: the same saturating backward gives finite gradients."""
     _, _, isfinite = saturation_cells

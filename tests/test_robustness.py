@@ -620,7 +620,11 @@ def test_set_sense_scale_keeps_to_the_rule():
     fixed = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), FixedLossScaleUpdateCell(512.0))
     with pytest.raises(ValueError, match="FixedLossScaleUpdateCell, which fixes it at 512.0"):
         fixed.set_sense_scale(Tensor(np.float32(1024.0)))
-    assert cell.get_loss_scale() == 4096.0 and fixed.get_loss_scale() == 512.0
+    mindspores = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1),
+                                               nn.FixedLossScaleUpdateCell(256.0))  # MindSpore's own fixed cell
+    with pytest.raises(ValueError, match="FixedLossScaleUpdateCell, which fixes it at 256.0"):
+        mindspores.set_sense_scale(Tensor(np.float32(1024.0)))
+    assert cell.get_loss_scale() == 4096.0 and fixed.get_loss_scale() == 512.0 and mindspores.get_loss_scale() == 256.0
 
 
 def test_the_float32_floor_is_a_valid_scale_for_set_sense_scale_and_the_state_check():
@@ -665,17 +669,20 @@ def test_extra_outputs_with_accumulation_report_each_micro_batch_and_the_window_
     assert [round(float(outputs[3].asnumpy()), 6) for outputs in (micro, last)] == [0.1, 0.1]
 
 
-@pytest.mark.parametrize("per_micro_batch, inject, expected", [
-    (False, (), 2), (True, (), 8),
-    (False, (5,), 1), (True, (5,), 8),  # the second window skipped (an inf in its second micro-batch)
-], ids=["per_step", "per_micro_batch", "per_step_skipped_window", "per_micro_batch_skipped_window"])
-def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, inject, expected):
+@pytest.mark.parametrize("per_micro_batch, inject, expected, drop", [
+    (False, (), 2, True), (True, (), 8, True),
+    (False, (5,), 1, True), (True, (5,), 8, True),  # the second window skipped (an inf in its second micro-batch)
+    (False, (5,), 2, False), (True, (5,), 8, False),  # drop_overflow_update=False: that window is applied
+], ids=["per_step", "per_micro_batch", "per_step_skipped_window", "per_micro_batch_skipped_window",
+        "per_step_applied_overflow", "per_micro_batch_applied_overflow"])
+def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, inject, expected, drop):
     """By default global_step counts applied optimizer steps; with lr_per_micro_batch every call, in a skipped
-    window too (docs/training.md)."""
+    window too (docs/training.md), and once only in an overflowing window that is applied (the optimizer's own
+    count)."""
     net = regression_net()
     optimizer = nn.SGD(net.trainable_params(), 0.01)
     cell = TrainOneStepWithLossScaleCell(net, optimizer, Tensor(np.float32(64.0)), accumulation_steps=4,
-                                         lr_per_micro_batch=per_micro_batch)
+                                         lr_per_micro_batch=per_micro_batch, drop_overflow_update=drop)
     overflows = _run(cell, BATCHES, inject)[0]
     assert overflows == [False] * 7 + [bool(inject)]
     assert int(optimizer.global_step.asnumpy().reshape(-1)[0]) == expected

@@ -254,6 +254,19 @@ def test_optimizer_loss_scale_that_disagrees_is_rejected():
                             loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=False))
 
 
+def test_a_scale_the_optimizer_divides_by_loads_its_own_state_and_refuses_another():
+    """With the optimizer's loss_scale equal to a fixed Tensor scale, the scale is a graph constant: a state holding
+    that scale loads (a round trip works), another is refused and changes nothing."""
+    net = regression_net()
+    cell = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=1024.0),
+                                         Tensor(np.float32(1024.0)))
+    state = cell.state_dict()
+    cell.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"must equal the fixed loss scale 1024.0, but got 512.0"):
+        cell.load_state_dict(dict(state, loss_scale=512.0))
+    assert cell.state_dict() == state
+
+
 @pytest.mark.parametrize("optimizer_factory, optimizer_unscales", [
     (lambda net, s: nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.01), False),
     (lambda net, s: nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=s), True),
