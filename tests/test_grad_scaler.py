@@ -1758,33 +1758,30 @@ def test_update_with_a_bad_new_scale(new_scale, error):
     assert scaler.get_scale() == 4.0
 
 
-@pytest.mark.parametrize("new_scale", [np.float32([1.0, 2.0]), np.zeros(0, np.float32)], ids=["two", "none"])
-def test_update_with_a_new_scale_of_other_than_one_value_is_refused_in_a_compiled_function(new_scale):
-    scaler = _scaler_after_one_step()
-
-    @ms.jit
-    def update(value):
-        scaler.update(value)
-        return value
-
-    with pytest.raises(TypeError, match="'new_scale' must be one float value"):
-        update(Tensor(new_scale))
-    assert scaler.get_scale() == 4.0
+BAD_TENSOR_SCALES = [
+    (np.float32([1.0, 2.0]), TypeError, "'new_scale' must be one float value"),
+    (np.zeros(0, np.float32), TypeError, "'new_scale' must be one float value"),
+    (np.float32(-1.0), ValueError, "'new_scale' must be a finite"),
+    (np.float32("nan"), ValueError, "'new_scale' must be a finite"),
+    (np.float32(1e-40), ValueError, "'new_scale' must be a finite"),
+]
 
 
-@pytest.mark.parametrize("new_scale", [-1.0, float("nan"), 1e-40], ids=["negative", "nan", "subnormal"])
-def test_update_with_a_bad_new_scale_tensor_is_refused_in_a_compiled_function(new_scale):
-    """Inside mindspore.jit a Tensor new_scale is checked when the graph runs, as eagerly. PyTorch's rule has no
-    floor; 1e-40 is a subnormal whose reciprocal is inf (unscaling would make every gradient inf): refused whether
-    the kernels flush it to 0 (this CPU's do, so the reciprocal check is not what refuses it here) or not."""
+@pytest.mark.parametrize("new_scale, error, pattern", BAD_TENSOR_SCALES,
+                         ids=["two", "none", "negative", "nan", "subnormal"])
+def test_update_with_a_bad_new_scale_tensor_is_refused_in_a_compiled_function(new_scale, error, pattern):
+    """Inside mindspore.jit a Tensor new_scale's shape is checked while compiling and its value when the graph runs,
+    as eagerly. PyTorch's rule has no floor; 1e-40 is a subnormal whose reciprocal is inf (unscaling would make
+    every gradient inf): refused whether the kernels flush it to 0 (this CPU's do, so the reciprocal check is not
+    what refuses it here) or not."""
     scaler = _scaler_after_one_step()
 
     @ms.jit
     def update(value):
         return scaler.update(value).get_scale()
 
-    with pytest.raises(ValueError, match="'new_scale' must be a finite"):
-        _read(update(Tensor(np.float32(new_scale))))
+    with pytest.raises(error, match=pattern):
+        _read(update(Tensor(new_scale)))
     assert scaler.get_scale() == 4.0
 
 
