@@ -30,6 +30,20 @@ def test_positional_arguments_follow_mindspore():
     assert FixedLossScaleManager(1024.0, False).get_drop_overflow_update() is False
 
 
+@pytest.mark.parametrize("kwargs, increase, decrease", [
+    ({}, 2, 0.5),
+    ({"scale_factor": 4}, 4, 0.25),
+    ({"scale_factor": 4, "backoff_factor": 0.75}, 4, 0.75),  # ours only: MindSpore's is always 1 / scale_factor
+])
+def test_mindspores_ratio_names_report_the_rule(kwargs, increase, decrease):
+    manager = DynamicLossScaleManager(**kwargs)
+    assert (manager.increase_ratio, manager.decrease_ratio) == (increase, decrease)
+    assert (manager.policy.growth_factor, manager.policy.backoff_factor) == (increase, decrease)
+    if "backoff_factor" not in kwargs:
+        theirs = ms.amp.DynamicLossScaleManager(**kwargs)
+        assert (theirs.increase_ratio, theirs.decrease_ratio) == (increase, decrease)
+
+
 @pytest.mark.parametrize("factory, error, pattern", [
     (lambda: DynamicLossScaleManager(scale_factor=0.5), ValueError, r"'scale_factor'.*\(1.0, .*0.5"),
     (lambda: DynamicLossScaleManager(scale_window=0), ValueError, r"'scale_window'.*\[1, .*0"),
@@ -142,6 +156,16 @@ def test_manager_mirrors_the_device_once_its_cell_is_in_use():
     manager.update_loss_scale(True)  # what mindspore.train.Model calls: refresh only, no second step
     assert manager.get_loss_scale() == 1024.0
     assert manager.state_dict() == {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
+
+
+def test_a_cell_no_train_cell_uses_leaves_the_rule_to_the_host():
+    """Until a train cell adopts one of its update cells, the manager runs the rule itself: a cell made only
+    to look at neither answers for the scale nor stops the host's steps."""
+    manager = DynamicLossScaleManager(2**10, 2, 2)
+    unused = manager.get_update_cell()
+    manager.update_loss_scale(True)
+    assert manager.get_loss_scale() == 512.0 and unused.get_loss_scale() == 1024.0
+    assert manager.get_update_cell().get_loss_scale() == 512.0
 
 
 def test_a_cell_made_for_a_look_does_not_take_over_from_the_one_in_use():
