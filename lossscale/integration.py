@@ -91,8 +91,9 @@ def _train_cell_defaults():
 
 
 def _check_train_cell_options(options):
-    """The train-cell options of ``Model`` checked when it is built, not when training starts: the same checks as
-    the train cell's, without building it (there is no network yet)."""
+    """The train-cell options of ``Model`` checked before MindSpore's ``Model.__init__`` runs: the same checks as the
+    train cell's, without building it. With an optimizer the train cell built in ``__init__`` would refuse them too;
+    without one (evaluation only) nothing else would, and a bad option would wait for the Model that trains."""
     from lossscale.bookkeeping import PersistentOverflowPolicy, check_debug_flag  # pylint: disable=import-outside-toplevel
     from lossscale.clipping import GlobalNormClip  # pylint: disable=import-outside-toplevel
     from lossscale.overflow import make_overflow_check  # pylint: disable=import-outside-toplevel

@@ -223,7 +223,7 @@ def test_set_sense_scale(value):
 # ---- build_train_network and Model -------------------------------------------------------------------
 
 BUILD = {"level": [None, "O4", 2, "o2"], "boost_level": [None, "O3", 1],
-         "cast_model_type": ["float16", None, np.float16, 16], "keep_batchnorm_fp32": BAD_FLAGS,
+         "cast_model_type": ["float16", None, np.float16, 16, ms.bfloat16], "keep_batchnorm_fp32": BAD_FLAGS,
          "loss_scale_manager": ["dynamic", 1024, DynamicLossScaleUpdateCell(2.0, 2, 2)],
          "clip_global_norm": [0.0, "1"], "accumulation_steps": [0, 1.5]}
 
@@ -244,6 +244,7 @@ def test_build_train_network_and_model(name, value):
 def test_build_train_network_without_a_network_or_optimizer():
     net = nn.Dense(4, 2)
     _refused(lambda: build_train_network(None, nn.SGD(net.trainable_params(), 0.1)), "network", None, shown=False)
+    _refused(lambda: build_train_network(7, nn.SGD(net.trainable_params(), 0.1)), "network", 7)
     _refused(lambda: build_train_network(net, "sgd"), "optimizer", None, shown=False)
 
 

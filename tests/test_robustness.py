@@ -752,6 +752,40 @@ def test_boost_level_refuses_what_it_would_drop(kwargs, pattern):
         build_train_network(net, nn.SGD(net.trainable_params(), 0.1), nn.MSELoss(), **kwargs)
 
 
+def test_boost_level_with_a_manager_that_has_no_update_cell_runs_mindspores_boost_cell_on_cpu():
+    """Only an update cell keeps MindSpore's boost cell off CPU: FixedLossScaleManager(S, False) has none (the
+    optimizer's loss_scale=S divides), and MindSpore's BoostTrainOneStepCell trains with it here."""
+    net = nn.Dense(4, 2)
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=128.0)
+    cell = build_train_network(net, optimizer, nn.MSELoss(), boost_level="O1",
+                               loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
+    assert type(cell).__name__ == "BoostTrainOneStepCell"
+    before = net.weight.asnumpy().copy()
+    loss = cell(Tensor(np.ones((3, 4), np.float32)), Tensor(np.zeros((3, 2), np.float32)))
+    assert np.isfinite(loss.asnumpy()) and not np.array_equal(net.weight.asnumpy(), before)
+
+
+@pytest.mark.parametrize("options", [{"clip_global_norm": 0.0}, {"accumulation_steps": 0},
+                                     {"overflow_policy": "explode"},
+                                     {"overflow_policy": "raise", "max_consecutive_overflows": 0},
+                                     {"debug_overflow": "yes"}, {"overflow_check": "tpu"}, {"extra_outputs": 1},
+                                     {"lr_per_micro_batch": "no"}, {"keep_batchnorm_fp32": "yes"}], ids=str)
+def test_model_without_an_optimizer_still_checks_the_train_cell_options(options):
+    """Without an optimizer Model builds no train cell (evaluation only), but a bad option is refused all the
+    same, when the Model is built, not by the Model that trains later with the same options."""
+    name = list(options)[-1]
+    with pytest.raises((TypeError, ValueError), match=name):
+        Model(nn.Dense(4, 2), nn.MSELoss(), metrics={"mae"}, **options)
+
+
+def test_model_with_train_cell_options_alone_trains_with_our_cell_at_scale_one():
+    """No manager at amp level O0: MindSpore's Model would build its TrainOneStepCell and drop the options; ours
+    builds the train cell with them, at a fixed scale of 1 (as build_train_network does)."""
+    net = nn.Dense(4, 2)
+    cell = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), clip_global_norm=1.0).train_network
+    assert type(cell) is TrainOneStepWithLossScaleCell
+    assert (cell.get_loss_scale(), cell.clip_global_norm) == (1.0, 1.0)
+
 def test_a_network_with_several_outputs_is_refused_clearly():
     class TwoOutputs(nn.Cell):
         def __init__(self):
