@@ -11,7 +11,8 @@ import pytest
 from mindspore import Tensor, nn
 
 from lossscale import TrainOneStepWithLossScaleCell, get_preset
-from lossscale.distributed import launch_environment, msrun_command, run_msrun
+from lossscale.distributed import (LAUNCHED_MARK, inside_msrun, launch_environment, launched_by_us, msrun_command,
+                                   run_msrun)
 from lossscale.policy import run
 from nets import regression_batches, regression_net
 
@@ -192,3 +193,41 @@ def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypa
     monkeypatch.delenv("MS_ROLE", raising=False)
     assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
     assert "refusing to launch msrun again" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False), (None, False)])
+def test_inside_msrun_holds_for_its_workers_and_its_scheduler(monkeypatch, role, inside):
+    """msrun's scheduler runs the same script (and waits in init()): it must not take itself for a fresh launch."""
+    if role is None:
+        monkeypatch.delenv("MS_ROLE", raising=False)
+    else:
+        monkeypatch.setenv("MS_ROLE", role)
+    assert inside_msrun() is inside
+
+
+@pytest.mark.parametrize("mark, launched", [("1", True), ("", False), ("0", False), (None, False)])
+def test_only_our_mark_says_launched_by_us(monkeypatch, mark, launched):
+    """An empty mark is how a child clears it to launch on purpose (the two-process CLI test does)."""
+    if mark is None:
+        monkeypatch.delenv(LAUNCHED_MARK, raising=False)
+    else:
+        monkeypatch.setenv(LAUNCHED_MARK, mark)
+    assert launched_by_us() is launched
+
+
+@pytest.mark.parametrize("pythonpath", [None, "/elsewhere"])
+def test_launch_environment_marks_the_child_and_puts_this_python_first(monkeypatch, pythonpath):
+    """msrun's workers run `python` from PATH: this interpreter's bin comes first, or they import another Python's
+    packages (or none); the package root is prepended to PYTHONPATH, which keeps what was there."""
+    monkeypatch.setenv("PATH", "/usr/bin")
+    if pythonpath is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", pythonpath)
+    parent = dict(os.environ)
+    env = launch_environment("/the/package")
+    assert env[LAUNCHED_MARK] == "1"
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin"]
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/the/package"] + ([] if pythonpath is None else [pythonpath])
+    assert launch_environment().get("PYTHONPATH") == pythonpath
+    assert dict(os.environ) == parent  # the parent's own environment is untouched
