@@ -47,8 +47,31 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert summary["summary"]["skipped_steps"] == sum(r["overflow"] == "True" for r in rows)
     assert summary["stalled_by_overflow"] is False
     assert (tmp_path / "training.png").stat().st_size > 10_000
+    assert set(summary) == {"config", "summary", "test_accuracy", "final_loss", "seconds_per_step",
+                            "first_step_seconds", "stalled_by_overflow"}  # the steps are in metrics.csv
+    test_images = 1797 - 1438  # every one counts, the last partial batch of 64 too
+    assert summary["test_accuracy"] * test_images == pytest.approx(round(summary["test_accuracy"] * test_images))
     assert main(["train", *TINY, "--output", str(tmp_path)]) == 0
     assert f"note: replacing metrics.csv, summary.json, training.png in {tmp_path}" in capsys.readouterr().err
+    timing = ("seconds_per_step", "first_step_seconds")
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert {k: v for k, v in again.items() if k not in timing} == {k: v for k, v in summary.items() if k not in timing}
+
+
+def test_the_step_timer_keeps_the_compiling_first_step_apart(monkeypatch):
+    """first_step_seconds: from the start of training to the first step's end; the step time: the median gap
+    between later step ends."""
+    from lossscale.cli import _step_timer
+
+    clock = iter([10.0, 13.0, 13.5, 14.5, 14.7])
+    monkeypatch.setattr("lossscale.cli.time.perf_counter", lambda: next(clock))
+    timer = _step_timer()
+    assert np.isnan(timer.first_step_seconds()) and np.isnan(timer.median_step_seconds())
+    timer.on_train_begin(None)
+    for _ in range(4):
+        timer.on_train_step_end(None)
+    assert timer.first_step_seconds() == 3.0
+    assert timer.median_step_seconds() == pytest.approx(0.5)  # of 0.5, 1.0 and 0.2
 
 
 @pytest.mark.parametrize("rank, files", [(0, ["metrics.csv", "summary.json", "training.png"]), (1, [])])
@@ -296,10 +319,22 @@ def test_comparison_verdict(fp32, dynamic, relation):
     assert comparison_verdict(runs) == f"fp16 dynamic reaches {100 * dynamic:.2f}% test accuracy, {relation}"
 
 
-def test_scale_advice_names_the_smallest_safe_scale_and_its_epoch():
-    trajectory = [(0, 2.0**19), (1, 2.0**16), (2, 2.0**17)]
-    assert ("the smallest, 2**16, at epoch 1. Suggested fixed scale: 2**15 (half of it)"
-            in scale_advice(trajectory))
+@pytest.mark.parametrize("trajectory, smallest", [
+    ([(0, 2.0**19), (1, 2.0**16), (2, 2.0**17)], "2**16, at epoch 1. Suggested fixed scale: 2**15"),
+    ([(0, 2.0**15), (1, 2.0**17), (2, 2.0**16)], "2**15, at epoch 0. Suggested fixed scale: 2**14"),  # untrained
+])
+def test_scale_advice_names_the_smallest_safe_scale_and_its_epoch(trajectory, smallest):
+    assert f"the smallest, {smallest} (half of it)" in scale_advice(trajectory)
+
+
+def test_inspect_measures_the_same_network_for_the_same_seed():
+    from lossscale.cli import largest_safe_along_training
+
+    args = build_parser().parse_args(["inspect", "--model", "mlp", "--epochs", "0", "--batches", "1"])
+    (first, trajectory), (second, again) = largest_safe_along_training(args), largest_safe_along_training(args)
+    assert trajectory == again
+    for a, b in zip(first.get_parameters(), second.get_parameters()):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy(), err_msg=a.name)
 
 
 def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, capsys, monkeypatch):
