@@ -786,6 +786,7 @@ def test_model_with_train_cell_options_alone_trains_with_our_cell_at_scale_one()
     assert type(cell) is TrainOneStepWithLossScaleCell
     assert (cell.get_loss_scale(), cell.clip_global_norm) == (1.0, 1.0)
 
+
 def test_a_network_with_several_outputs_is_refused_clearly():
     class TwoOutputs(nn.Cell):
         def __init__(self):
