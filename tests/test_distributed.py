@@ -195,7 +195,8 @@ def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypa
     assert "refusing to launch msrun again" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False), (None, False)])
+@pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False),
+                                          (None, False)])
 def test_inside_msrun_holds_for_its_workers_and_its_scheduler(monkeypatch, role, inside):
     """msrun's scheduler runs the same script (and waits in init()): it must not take itself for a fresh launch."""
     if role is None:
