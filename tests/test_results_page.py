@@ -15,6 +15,7 @@ import shlex
 
 import pytest
 
+from lossscale import plots
 from lossscale.cli import main
 from lossscale.results import _comparison_rows, machine_description  # pylint: disable=protected-access
 
@@ -39,9 +40,16 @@ def _same_numbers(ours, theirs, exact):
 
 
 @pytest.mark.slow  # kept long: it is what the test checks (a full run)
-def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, capsys):
+def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, capsys, monkeypatch):
     with open(PAGE, encoding="utf-8") as handle:
         committed = handle.read()
+    drawn, draw = [], plots.plot_histogram
+
+    def recorded_histogram(log2_magnitudes, scale, path, title):
+        drawn.append((scale, os.path.basename(path)))
+        return draw(log2_magnitudes, scale, path, title)
+
+    monkeypatch.setattr(plots, "plot_histogram", recorded_histogram)
     arguments = _command(committed)
     assert arguments[0] == "compare" and arguments[-2:] == ["--results", "docs/results.md"]
     fresh_page = tmp_path / "docs" / "results.md"
@@ -74,6 +82,19 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
             f"python -m lossscale {' '.join(arguments)}\ncommitted: {old}\nfresh:     {new}")
     for image in ("compare.png", "inspect-lenet5.png"):
         assert (fresh_page.parent / "images" / image).stat().st_size > 10_000
+    assert drawn == [(1.0, "inspect-lenet5.png")]  # the gradients as they are (scale 1) against the float16 range
+
+
+def test_the_machine_description_names_the_vector_extensions_that_decide_rounding():
+    """The page's runs agree bit for bit only on a CPU with the same extensions, so the description that decides
+    an exact comparison names them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            flags = next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    present = [flag for flag in ("avx2", "fma", "avx512f") if flag in flags]
+    assert re.search(r"\(.*" + re.escape(" ".join(present)) + r"\)", machine_description())
 
 
 @pytest.mark.parametrize("old, new, exact, same", [
