@@ -225,20 +225,27 @@ def test_set_sense_scale(value):
 BUILD = {"level": [None, "O4", 2, "o2"], "boost_level": [None, "O3", 1],
          "cast_model_type": ["float16", None, np.float16, 16, ms.bfloat16], "keep_batchnorm_fp32": BAD_FLAGS,
          "loss_scale_manager": ["dynamic", 1024, DynamicLossScaleUpdateCell(2.0, 2, 2)],
-         "clip_global_norm": [0.0, "1"], "accumulation_steps": [0, 1.5]}
+         "clip_global_norm": [0.0, "1"], "accumulation_steps": [0, 1.5], "overflow_policy": ["explode", None],
+         "max_consecutive_overflows": [0, 2.0], "debug_overflow": ["yes"], "overflow_check": ["tpu"],
+         "extra_outputs": [1], "lr_per_micro_batch": ["no"]}
+BUILD_COMPANIONS = {"max_consecutive_overflows": {"overflow_policy": "raise"}}  # the limit exists only with "raise"
 
 
 @pytest.mark.parametrize("name, value", _sweep(BUILD), ids=_ids(_sweep(BUILD)))
 def test_build_train_network_and_model(name, value):
+    """Refused by the builder, by Model with an optimizer (which builds the train cell in its __init__) and by
+    Model without one (evaluation only: no train cell is built, but the options must not wait for a later Model)."""
     from lossscale import Model
 
     net = nn.Dense(4, 2)
     opt = nn.SGD(net.trainable_params(), 0.1)
     shown = not isinstance(value, (nn.Cell, type))
-    _refused(lambda: build_train_network(net, opt, nn.MSELoss(), **{name: value}), name, value, shown=shown)
+    kwargs = dict(BUILD_COMPANIONS.get(name, {}), **{name: value})
+    _refused(lambda: build_train_network(net, opt, nn.MSELoss(), **kwargs), name, value, shown=shown)
     if name in ("level", "loss_scale_manager", "cast_model_type") or (name == "keep_batchnorm_fp32" and value is None):
         return  # MindSpore's Model checks these itself (it has no cast_model_type; None is its default)
-    _refused(lambda: Model(net, nn.MSELoss(), opt, amp_level="O2", **{name: value}), name, value, shown=shown)
+    _refused(lambda: Model(net, nn.MSELoss(), opt, amp_level="O2", **kwargs), name, value, shown=shown)
+    _refused(lambda: Model(net, nn.MSELoss(), metrics={"mae"}, **kwargs), name, value, shown=shown)
 
 
 def test_build_train_network_without_a_network_or_optimizer():

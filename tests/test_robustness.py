@@ -765,19 +765,6 @@ def test_boost_level_with_a_manager_that_has_no_update_cell_runs_mindspores_boos
     assert np.isfinite(loss.asnumpy()) and not np.array_equal(net.weight.asnumpy(), before)
 
 
-@pytest.mark.parametrize("options", [{"clip_global_norm": 0.0}, {"accumulation_steps": 0},
-                                     {"overflow_policy": "explode"},
-                                     {"overflow_policy": "raise", "max_consecutive_overflows": 0},
-                                     {"debug_overflow": "yes"}, {"overflow_check": "tpu"}, {"extra_outputs": 1},
-                                     {"lr_per_micro_batch": "no"}, {"keep_batchnorm_fp32": "yes"}], ids=str)
-def test_model_without_an_optimizer_still_checks_the_train_cell_options(options):
-    """Without an optimizer Model builds no train cell (evaluation only), but a bad option is refused all the
-    same, when the Model is built, not by the Model that trains later with the same options."""
-    name = list(options)[-1]
-    with pytest.raises((TypeError, ValueError), match=name):
-        Model(nn.Dense(4, 2), nn.MSELoss(), metrics={"mae"}, **options)
-
-
 def test_model_with_train_cell_options_alone_trains_with_our_cell_at_scale_one():
     """No manager at amp level O0: MindSpore's Model would build its TrainOneStepCell and drop the options; ours
     builds the train cell with them, at a fixed scale of 1 (as build_train_network does)."""
