@@ -14,6 +14,7 @@ import pytest
 from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, comparison_verdict,
                            main, parse_loss_scale, run_training, scale_advice, stall_warning)
 from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
+from lossscale.distributed import LAUNCHED_MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -346,7 +347,7 @@ def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, cap
         return subprocess.CompletedProcess(command, 1, "", None)
 
     monkeypatch.setattr("lossscale.distributed.run_msrun", failing_msrun)
-    monkeypatch.delenv("LOSSSCALE_MSRUN_CHILD", raising=False)
+    monkeypatch.delenv(LAUNCHED_MARK, raising=False)
     monkeypatch.delenv("MS_ROLE", raising=False)
     assert main(["train", *TINY, "--workers", "2", "--output", str(tmp_path)]) == EXIT_USAGE
     assert "--worker_num=2" in launched[0]

@@ -174,7 +174,7 @@ def test_run_msrun_kills_what_the_launcher_leaves_behind(tmp_path, launcher_ends
 def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
     command = [sys.executable, "-m", "lossscale", "train", "--workers", "2", "--model", "mlp", "--epochs", "1",
                "--no-progress", "--output", str(tmp_path)]
-    done = run_msrun(command, timeout=170, env=dict(launch_environment(ROOT), LOSSSCALE_MSRUN_CHILD=""),
+    done = run_msrun(command, timeout=170, env=dict(launch_environment(ROOT), **{LAUNCHED_MARK: ""}),
                      cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "rank 0 of 2: per-rank batch 32, global batch 64" in done.stdout
@@ -189,30 +189,32 @@ def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
 def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypatch):
     from lossscale.cli import main
 
-    monkeypatch.setenv("LOSSSCALE_MSRUN_CHILD", "1")
+    monkeypatch.setenv(LAUNCHED_MARK, "1")
     monkeypatch.delenv("MS_ROLE", raising=False)
     assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
     assert "refusing to launch msrun again" in capsys.readouterr().err
+
+
+def _set_or_unset(monkeypatch, name, value):
+    """Set the environment variable ``name`` for this test, or remove it when ``value`` is None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
 
 
 @pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False),
                                           (None, False)])
 def test_inside_msrun_holds_for_its_workers_and_its_scheduler(monkeypatch, role, inside):
     """msrun's scheduler runs the same script (and waits in init()): it must not take itself for a fresh launch."""
-    if role is None:
-        monkeypatch.delenv("MS_ROLE", raising=False)
-    else:
-        monkeypatch.setenv("MS_ROLE", role)
+    _set_or_unset(monkeypatch, "MS_ROLE", role)
     assert inside_msrun() is inside
 
 
 @pytest.mark.parametrize("mark, launched", [("1", True), ("", False), ("0", False), (None, False)])
 def test_only_our_mark_says_launched_by_us(monkeypatch, mark, launched):
     """An empty mark is how a child clears it to launch on purpose (the two-process CLI test does)."""
-    if mark is None:
-        monkeypatch.delenv(LAUNCHED_MARK, raising=False)
-    else:
-        monkeypatch.setenv(LAUNCHED_MARK, mark)
+    _set_or_unset(monkeypatch, LAUNCHED_MARK, mark)
     assert launched_by_us() is launched
 
 
@@ -221,10 +223,7 @@ def test_launch_environment_marks_the_child_and_puts_this_python_first(monkeypat
     """msrun's workers run `python` from PATH: this interpreter's bin comes first, or they import another Python's
     packages (or none); the package root is prepended to PYTHONPATH, which keeps what was there."""
     monkeypatch.setenv("PATH", "/usr/bin")
-    if pythonpath is None:
-        monkeypatch.delenv("PYTHONPATH", raising=False)
-    else:
-        monkeypatch.setenv("PYTHONPATH", pythonpath)
+    _set_or_unset(monkeypatch, "PYTHONPATH", pythonpath)
     parent = dict(os.environ)
     env = launch_environment("/the/package")
     assert env[LAUNCHED_MARK] == "1"
