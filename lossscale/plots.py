@@ -41,13 +41,12 @@ def _legend(axis):
         axis.legend(loc="best")
 
 
-def _finish(plt, figure, top, bottom, title, path, legend_top):
-    """Shared tail of the two-panel plots: labels, legends, save, close."""
+def _finish(plt, figure, top, bottom, title, path):
+    """Shared tail of the two-panel plots: labels, legends (where something is labelled), save, close."""
     top.set_yscale("log")
     top.set_ylabel("training loss")
     top.set_title(title)
-    if legend_top:
-        _legend(top)
+    _legend(top)
     bottom.set_xlabel("step")
     _legend(bottom)
     figure.tight_layout()
@@ -63,7 +62,7 @@ def plot_training(records, path, title):
     finite = [r for r in records if math.isfinite(r["loss"])]
     top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8)
     _draw_scale(bottom, records)
-    return _finish(plt, figure, top, bottom, title, path, legend_top=False)
+    return _finish(plt, figure, top, bottom, title, path)
 
 
 def plot_comparison(runs, path, title):
@@ -79,7 +78,7 @@ def plot_comparison(runs, path, title):
         top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label, color=color)
         if len({r["loss_scale"] for r in records}) > 1 or records and records[0]["loss_scale"] != 1.0:
             _draw_scale(bottom, records, label=label, color=color)
-    return _finish(plt, figure, top, bottom, title, path, legend_top=True)
+    return _finish(plt, figure, top, bottom, title, path)
 
 
 def plot_histogram(log2_magnitudes, scale, path, title):
