@@ -811,7 +811,10 @@ def _set_device(device):
 
 
 def _quiet_mindspore():
-    """MindSpore's own warnings (deprecations of kernels we do not call) off unless GLOG_v says otherwise."""
+    """MindSpore's own warnings off unless GLOG_v says otherwise: deprecations of kernels we do not call, such as
+    the FusedSparseAdam that MindSpore 2.10's nn.Adam builds. MindSpore reads GLOG_v when it logs for the first
+    time (importing it may), so this must run before MindSpore is imported; in a process that imported it
+    already, it changes nothing."""
     os.environ.setdefault("GLOG_v", "3")
 
 
@@ -823,6 +826,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):  #
 def main(argv=None):
     """Entry point; returns the process exit code (see the module docstring)."""
     try:
+        _quiet_mindspore()  # before anything imports MindSpore (the batch-size check does): it reads GLOG_v once
         prefer_fast_cpu_convolutions()  # before MindSpore's first CPU operation
         parser = build_parser()
         if argv is None:
@@ -834,7 +838,6 @@ def main(argv=None):
         args.argv = list(argv)
         _check_model(args.model)
         _check_batch_size(args.batch_size, getattr(args, "workers", 1))
-        _quiet_mindspore()
         _set_device(args.device)
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
