@@ -145,8 +145,9 @@ def _manager(kind, value, drop=True):
     return build
 
 
-def prepare_output(path, command):
-    """Create ``path`` if needed and check it is writable; say which earlier results it replaces."""
+def prepare_output(path, command, announce=True):
+    """Create ``path`` if needed and check it is writable; say which earlier results it replaces (unless not
+    ``announce``: the workers that ``--workers`` launches, whose launcher said it already)."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path):
@@ -154,7 +155,7 @@ def prepare_output(path, command):
     except OSError as error:
         raise CliError(f"cannot write to output folder {path!r}: {error.strerror or error}") from None
     replaced = [name for name in OUTPUT_FILES[command] if os.path.exists(os.path.join(path, name))]
-    if replaced:
+    if replaced and announce:
         print(f"note: replacing {', '.join(replaced)} in {path}", file=sys.stderr)
     return os.path.abspath(path)
 
@@ -521,7 +522,8 @@ def command_train(args):
     from lossscale.plots import plot_training
 
     parse_loss_scale(args.loss_scale, args.scale_window)
-    output = prepare_output(args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"), "train")
+    output = prepare_output(args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"), "train",
+                            announce=not launched_by_us())
     shard, rank = None, 0
     if args.workers > 1:
         if not inside_msrun():

@@ -195,6 +195,24 @@ def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypa
     assert "refusing to launch msrun again" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mark, announced", [("1", False), (None, True)])
+def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path, capsys, monkeypatch, mark,
+                                                                        announced):
+    """`train --workers N` says which results it replaces before it launches msrun, and prints rank 0's log after
+    the run: its workers do not say it again. Under the user's own msrun no launcher has said it."""
+    from lossscale.cli import CliError, main
+
+    def stop_before_init():
+        raise CliError("stopped before init")
+
+    (tmp_path / "metrics.csv").write_text("")
+    _set_or_unset(monkeypatch, LAUNCHED_MARK, mark)
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setattr("lossscale.distributed.init_data_parallel", stop_before_init)
+    assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
+    assert ("note: replacing metrics.csv" in capsys.readouterr().err) is announced
+
+
 def _set_or_unset(monkeypatch, name, value):
     """Set the environment variable ``name`` for this test, or remove it when ``value`` is None."""
     if value is None:
