@@ -156,7 +156,9 @@ def test_run_scaling_case(case, enabled, compiled):
     # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
     lambda params: ms.experimental.optim.Adam(params, lr=0.05),
     lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9),
-], ids=["adam", "experimental_adam", "mint_sgd"])
+    # an LR and an average that follow global_step, which a skipped iteration must not advance
+    lambda params: nn.ASGD(params, learning_rate=0.05, t0=2.0),
+], ids=["adam", "experimental_adam", "mint_sgd", "asgd"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
     _, control, scaled = _run_scaling_case("clipping_separate_unscale", True, compiled, optimizer=optimizer)

@@ -79,7 +79,14 @@ def _control_and_scaled(optimizer_factory, scale_sense_factory, batches, inject_
     # MindSpore's PyTorch-style optimizers (not nn.Optimizer), which MindSpore's own train cells accept
     lambda net: ms.experimental.optim.Adam(net.trainable_params(), lr=0.01),
     lambda net: mint.optim.SGD(net.trainable_params(), lr=0.05, momentum=0.9),
-], ids=["adam", "momentum", "experimental_adam", "mint_sgd"])
+    # state unlike Adam's: the previous gradient's sign and per-element step sizes; an LR and an average that
+    # follow global_step (which a skipped step must not advance); accumulated squares; FTRL's linear term
+    lambda net: nn.Rprop(net.trainable_params(), learning_rate=0.01),
+    lambda net: nn.ASGD(net.trainable_params(), learning_rate=0.05, t0=2.0),
+    lambda net: nn.Adadelta(net.trainable_params(), learning_rate=1.0),
+    lambda net: nn.FTRL(net.trainable_params(), learning_rate=0.1),
+    lambda net: nn.RMSProp(net.trainable_params(), learning_rate=0.01, centered=True),
+], ids=["adam", "momentum", "experimental_adam", "mint_sgd", "rprop", "asgd", "adadelta", "ftrl", "rmsprop_centered"])
 def test_differential_control_vs_scaled_with_injected_inf(optimizer_factory):
     manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=3)
     batches = regression_batches(12)
