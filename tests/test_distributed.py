@@ -195,6 +195,14 @@ def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypa
     assert "refusing to launch msrun again" in capsys.readouterr().err
 
 
+def _set_or_unset(monkeypatch, name, value):
+    """Set the environment variable ``name`` for this test, or remove it when ``value`` is None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 @pytest.mark.parametrize("mark, announced", [("1", False), (None, True)])
 def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path, capsys, monkeypatch, mark,
                                                                         announced):
@@ -211,14 +219,6 @@ def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path
     monkeypatch.setattr("lossscale.distributed.init_data_parallel", stop_before_init)
     assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
     assert ("note: replacing metrics.csv" in capsys.readouterr().err) is announced
-
-
-def _set_or_unset(monkeypatch, name, value):
-    """Set the environment variable ``name`` for this test, or remove it when ``value`` is None."""
-    if value is None:
-        monkeypatch.delenv(name, raising=False)
-    else:
-        monkeypatch.setenv(name, value)
 
 
 @pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False),

@@ -40,7 +40,8 @@ VERDICT_WORDS = re.compile(r"the same as|\d+\.\d+ percentage points (?:above|bel
 
 
 def _comparable(line, exact):
-    """``line`` as compared: as it is on the page's machine; elsewhere without the verdict's number-led words."""
+    """``line`` as compared: as it is on the page's machine; elsewhere without the verdict's words that follow
+    its numbers."""
     return line if exact else VERDICT_WORDS.sub("<verdict>", line)
 
 
