@@ -3,7 +3,7 @@
 Every network is built by a one-line constructor, takes a float32 batch in the
 layout named by its ``input_layout`` attribute (see :func:`lossscale_models.data.to_layout`)
 and returns logits. They contain only standard MindSpore cells, so
-``mindspore.amp.auto_mixed_precision`` (``amp_level`` O0/O2/O3) applies to them.
+``mindspore.amp.auto_mixed_precision`` (``amp_level`` O0/O1/O2/O3) applies to them.
 
 Example:
     >>> net = create_model("mlp")
@@ -15,7 +15,9 @@ import math
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import HeUniform, Normal, initializer
 
-from .data import NUM_CLASSES
+# Absolute, not ``from .data``: amp_level O1 (MindSpore's rewrite) imports this file again as the top-level
+# module ``networks``, from its folder, where a relative import fails.
+from lossscale_models.data import NUM_CLASSES
 
 
 def _dense(in_features, out_features, seed_std=None):
