@@ -28,6 +28,7 @@ makes nan): the inner optimizer is not called, so weights and moments do not cha
 tf.keras its step counter (``global_step``, Keras' ``iterations``) still advances, so
 learning-rate schedules keep their pace.
 """
+import functools
 import numbers
 import warnings
 
@@ -60,6 +61,13 @@ _KERAS_WEIGHTS = (" A MindSpore optimizer's state is its Parameters: opt.get_par
 # Keras optimizer methods without a MindSpore counterpart: what to do instead.
 _KERAS_ONLY = {"get_config": _KERAS_SERIALIZATION, "from_config": _KERAS_SERIALIZATION, "get_weights": _KERAS_WEIGHTS,
                "set_weights": _KERAS_WEIGHTS, "variables": _KERAS_WEIGHTS}
+
+
+@functools.lru_cache(maxsize=None)
+def _cell_attributes():
+    """What nn.Cell itself defines or sets on every instance (training, phase, ...): MindSpore sets these on any
+    Cell."""
+    return frozenset(dir(nn.Cell)) | frozenset(vars(nn.Cell()))
 
 
 def _pytorch_style_hint(optimizer):
@@ -290,7 +298,9 @@ class LossScaleOptimizer(nn.Cell):
     unless one is inf/nan (as every gradient of a non-finite scaled loss is), then updates the
     scale; it returns True when the step was skipped. Hyperparameters (``learning_rate``,
     ``beta1``, ``parameters``, ...) are read from the inner optimizer; ``learning_rate`` (alias
-    ``lr``) can be set.
+    ``lr``) can be set. Setting another attribute the inner optimizer has (``opt.beta1 = 0.7``,
+    which tf.keras forwards) raises ``AttributeError``: give it to the inner optimizer when
+    building it.
 
     Example:
         >>> from mindspore import nn
@@ -451,7 +461,22 @@ class LossScaleOptimizer(nn.Cell):
         if name in ("learning_rate", "lr"):  # not nn.Cell's Parameter registration: set the inner optimizer's
             object.__setattr__(self, name, value)
             return
+        if self._would_shadow_the_inner_optimizer(name):
+            raise AttributeError(
+                f"cannot set {name!r} on a LossScaleOptimizer: it would hide the inner optimizer's {name} (which "
+                f"reads would then return) without changing what it trains with. Only learning_rate is forwarded; "
+                f"give {name} to the inner optimizer when building it ({type(self._inner).__name__}(..., "
+                f"{name}=...)).")
         super().__setattr__(name, value)
+
+    def _would_shadow_the_inner_optimizer(self, name):
+        """True for a public attribute that the inner optimizer has and this wrapper does not (tf.keras forwards
+        hyperparameters such as ``beta_1``; a MindSpore optimizer's are graph constants or Parameters, so only
+        the learning rate is forwarded). nn.Cell's own attributes, which MindSpore sets, are never refused."""
+        inner = self.__dict__.get("_cells", {}).get("_inner")
+        if inner is None or name.startswith("_") or name in self.__dict__ or name in _cell_attributes():
+            return False
+        return hasattr(inner, name) and not hasattr(type(self), name)
 
     def __getattr__(self, name):
         try:

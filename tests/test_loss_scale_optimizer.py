@@ -226,6 +226,27 @@ def test_hyperparameters_are_delegated():
     assert _value(inner.learning_rate) == 0.0
 
 
+@pytest.mark.parametrize("inner, name, value", [
+    (lambda params: nn.Adam(params, learning_rate=0.01, beta1=0.8), "beta1", 0.7),  # a graph constant
+    (lambda params: nn.Adam(params, learning_rate=0.01), "eps", 1e-4),
+    (lambda params: nn.Momentum(params, 0.01, momentum=0.9), "momentum", 0.5),  # a Parameter
+], ids=["adam_beta1", "adam_eps", "momentum"])
+def test_setting_another_hyperparameter_is_refused_not_hidden(inner, name, value):
+    """tf.keras forwards a hyperparameter set on the wrapper (`opt.beta_1 = 0.7`); here only the learning rate is.
+    Setting another one made a wrapper attribute that reads returned while the inner optimizer trained with its
+    own value: refused now, naming where to set it. Nothing changes; the wrapper's own attributes still set."""
+    optimizer = inner(Square().trainable_params())
+    opt = LossScaleOptimizer(optimizer)
+    before = _value(getattr(optimizer, name))
+    with pytest.raises(AttributeError, match=rf"cannot set '{name}' on a LossScaleOptimizer: .* give {name} to the "
+                                             rf"inner optimizer when building it \({type(optimizer).__name__}\("):
+        setattr(opt, name, value)
+    assert name not in vars(opt) and _value(getattr(opt, name)) == before == _value(getattr(optimizer, name))
+    opt.note = "mine"  # an attribute the inner optimizer does not have
+    opt.set_train(False)  # nn.Cell's own attributes
+    assert opt.note == "mine" and not opt.training
+
+
 @pytest.mark.parametrize("name, hint", [("get_config", "save_checkpoint"), ("from_config", "save_checkpoint"),
                                         ("get_weights", "get_parameters"), ("set_weights", "load_param_into_net"),
                                         ("variables", "get_parameters"), ("no_such_thing", None)])
