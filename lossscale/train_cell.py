@@ -59,6 +59,16 @@ def _add_mindspore_helpers(cell):
     cell.gpu_target = get_context("device_target") == "GPU"
 
 
+def _built_option(name, getter, doc):
+    """A read-only property for an option of the train cell: setting it raises, since the compiled step keeps the
+    value the cell was built with (a plain attribute would be read back while the step ignored it)."""
+    def refuse(self, value):  # pylint: disable=unused-argument
+        raise AttributeError(f"'{name}' of a {type(self).__name__} is fixed when the cell is built (its compiled "
+                             f"step would not see a new value): build a new cell with {name}={value!r}.")
+
+    return property(getter, refuse, doc=doc)
+
+
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     r"""Training step with loss scaling that runs on CPU, GPU and Ascend.
 
@@ -153,15 +163,15 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                  lr_per_micro_batch=False):
         check_train_arguments(network, optimizer, scale_sense)
         super().__init__(network, optimizer, sens=None)
-        self.drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
-        self.optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
+        self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
+        self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
         # When the optimizer divides by the scale itself, the scale is a constant, as MindSpore's Python-float sens:
         # a checkpoint written at another scale cannot change it while the optimizer keeps dividing by this one.
-        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self.optimizer_unscales)
+        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
         self.scale_sense = self.loss_scaler.scale_value
-        self.overflow_check = self.loss_scaler.check.name
+        self._overflow_check = self.loss_scaler.check.name
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
-        self.accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
+        self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
         self.accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
         if self.accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
             self.loss_scaler.update_cell.bind_micro_step(self.accumulation.micro_step)  # for the manager's counts
@@ -169,12 +179,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
         # Restored on a skipped step (only when skipped steps are dropped, and only if the network has any).
-        self.running_statistics = RunningStatistics.of(network) if self.drop_overflow_update else None
-        self.extra_outputs = check_bool("extra_outputs", extra_outputs)
-        self.lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
-        refuse_nn_optimizer_options(optimizer, {"extra_outputs": self.extra_outputs,
-                                                "lr_per_micro_batch": self.lr_per_micro_batch})
-        self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
+        self.running_statistics = RunningStatistics.of(network) if self._drop_overflow_update else None
+        self._extra_outputs = check_bool("extra_outputs", extra_outputs)
+        self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
+        refuse_nn_optimizer_options(optimizer, {"extra_outputs": self._extra_outputs,
+                                                "lr_per_micro_batch": self._lr_per_micro_batch})
+        self._norm_decides = self.clipper is not None and self._overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
@@ -197,11 +207,29 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         """The update cell deciding the scale, or None for a Tensor ``scale_sense`` (MindSpore's name)."""
         return self.loss_scaler.update_cell
 
-    clip_global_norm = property(lambda self: None if self.clipper is None else self.clipper.clip_norm,
-                                doc="The global-norm clip value, or None.")
-    overflow_policy = property(lambda self: self.persistent_overflow.policy, doc="skip, warn or raise.")
-    max_consecutive_overflows = property(lambda self: self.persistent_overflow.max_consecutive_overflows)
-    debug_overflow = property(lambda self: self.forensics is not None, doc="Whether forensics are on.")
+    # The options are fixed when the cell is built: its compiled step would not see a new value.
+    drop_overflow_update = _built_option("drop_overflow_update", lambda self: self._drop_overflow_update,
+                                         "Whether an overflowing step is skipped (False: applied anyway).")
+    optimizer_unscales = _built_option("optimizer_unscales", lambda self: self._optimizer_unscales,
+                                       "Whether the optimizer divides by the scale itself (its own loss_scale).")
+    overflow_check = _built_option("overflow_check", lambda self: self._overflow_check,
+                                   "The name of the backend's overflow check.")
+    accumulation_steps = _built_option("accumulation_steps", lambda self: self._accumulation_steps,
+                                       "Micro-batches per optimizer step.")
+    extra_outputs = _built_option("extra_outputs", lambda self: self._extra_outputs,
+                                  "Whether the cell also returns the learning rate and the global norm.")
+    lr_per_micro_batch = _built_option("lr_per_micro_batch", lambda self: self._lr_per_micro_batch,
+                                       "Whether global_step advances per micro-batch under accumulation.")
+    clip_global_norm = _built_option("clip_global_norm",
+                                     lambda self: None if self.clipper is None else self.clipper.clip_norm,
+                                     "The global-norm clip value, or None.")
+    overflow_policy = _built_option("overflow_policy", lambda self: self.persistent_overflow.policy,
+                                    "skip, warn or raise.")
+    max_consecutive_overflows = _built_option("max_consecutive_overflows",
+                                              lambda self: self.persistent_overflow.max_consecutive_overflows,
+                                              "Consecutive overflows that trigger the policy (warn, raise).")
+    debug_overflow = _built_option("debug_overflow", lambda self: self.forensics is not None,
+                                   "Whether forensics are on.")
     overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
                                 doc="Forensics reports of overflowing steps (debug_overflow=True).")
     accumulators = property(lambda self: self.accumulation.accumulators,
@@ -222,7 +250,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if sens.shape != self.scale_sense.shape:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
         value = float(self.loss_scaler.checked_scale(sens, "sens"))
-        if self.optimizer_unscales:
+        if self._optimizer_unscales:
             raise ValueError("'set_sense_scale' cannot change the scale: the optimizer was built with "
                              "loss_scale equal to the fixed scale and divides by it.")
         cell = self.loss_scaling_manager
@@ -248,7 +276,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output (validated against the update cell's rule; nothing changes on error).
         A fixed scale must be the one saved; a frozen scale (the optimizer divides by it) cannot change."""
-        if self.optimizer_unscales:
+        if self._optimizer_unscales:
             check_fixed_state(state, self.get_loss_scale())
         else:
             self.loss_scaler.load_state_dict(state)
@@ -310,7 +338,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if self.forensics is not None:
             keep = self._false if self.accumulation is None else self.accumulation.micro_step > 0
             grads = ops.depend(grads, self.forensics.record(grads, loss, keep))
-        if not self.optimizer_unscales:
+        if not self._optimizer_unscales:
             grads = self.loss_scaler.unscale(grads, scaling_sens)
         if self.accumulation is not None:
             return self._accumulation_step(loss, status, grads, scaling_sens, saved)
@@ -335,21 +363,21 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def _with_loss_flag(self, flag, loss):
         """Count a non-finite loss as an overflow (when overflowing steps are dropped); it reaches every
         rank through the flag's all-reduce, whatever the backend's check."""
-        if self.drop_overflow_update:
+        if self._drop_overflow_update:
             return flag + self.loss_scaler.loss_flag(loss)
         return flag
 
     def _outputs(self, loss, overflow, scaling_sens, learning_rate, norm):
         """MindSpore's ``(loss, overflow, scale)``; with ``extra_outputs`` also the learning rate the step used
         and the global norm of the unscaled gradients (mindformers' order)."""
-        if self.extra_outputs:
+        if self._extra_outputs:
             return loss, overflow, scaling_sens, learning_rate, norm
         return loss, overflow, scaling_sens
 
     def _reported(self, grads, norm=None):
         """``(global norm, learning rate)`` for ``extra_outputs``, read before the optimizer steps: the norm
         clipping computed (``norm``) or that of ``grads``; zeros when the outputs are not asked for."""
-        if not self.extra_outputs:
+        if not self._extra_outputs:
             return (self._zero if norm is None else norm), self._zero
         return (global_norm(self.hyper_map, grads) if norm is None else norm), self.optimizer.get_lr()
 
@@ -365,12 +393,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             window_flag = window_flag + _overflow.nonfinite_indicator(self.hyper_map, mean)
             overflow, norm, learning_rate = self._finish_step(window_flag, mean)
             overflow = ops.depend(overflow, self.accumulation.reset())
-            if self.lr_per_micro_batch and self.drop_overflow_update:  # a skipped window's last micro-batch counts
+            if self._lr_per_micro_batch and self._drop_overflow_update:  # a skipped window's last micro-batch counts
                 overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
                                                                ops.cast(overflow, mstype.int32)))
         else:
             done = self.accumulation.carry(window_flag, micro)
-            if self.lr_per_micro_batch:
+            if self._lr_per_micro_batch:
                 done = ops.depend(done, ops.assign_add(self.optimizer.global_step, Tensor(1, mstype.int32)))
             overflow = ops.depend(self._false, done)
             norm, learning_rate = self._reported(grads)
@@ -387,8 +415,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             flag = flag + norm_flag
         norm, learning_rate = self._reported(grads, norm)
         overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))
-        overflow = ops.depend(overflow, self.counters.count(overflow, self.drop_overflow_update))
-        if self.drop_overflow_update:
+        overflow = ops.depend(overflow, self.counters.count(overflow, self._drop_overflow_update))
+        if self._drop_overflow_update:
             if not overflow:
                 overflow = ops.depend(overflow, self.optimizer(grads))
         else:

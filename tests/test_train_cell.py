@@ -176,6 +176,26 @@ def test_returns_loss_overflow_and_updated_scale():
     assert float(loss.asnumpy()) == pytest.approx(control, rel=1e-6)
 
 
+OPTIONS_FIXED_WHEN_BUILT = {"drop_overflow_update": False, "optimizer_unscales": True, "overflow_check": "isfinite",
+                            "accumulation_steps": 4, "extra_outputs": True, "lr_per_micro_batch": True,
+                            "clip_global_norm": 1.0, "overflow_policy": "raise", "max_consecutive_overflows": 3,
+                            "debug_overflow": True}
+
+
+def test_the_options_are_fixed_when_the_cell_is_built():
+    """The compiled step would not see a new value: `step.accumulation_steps = 4` or `step.extra_outputs = True`
+    on a built cell was accepted and read back, while the step stayed as built. Every option is read-only now."""
+    net = regression_net()
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), Tensor(np.float32(8.0)))
+    built = {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT}
+    for name, value in OPTIONS_FIXED_WHEN_BUILT.items():
+        with pytest.raises(AttributeError, match=f"'{name}' of a TrainOneStepWithLossScaleCell is fixed when the cell "
+                                                 f"is built"):
+            setattr(step, name, value)
+    assert {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT} == built
+    assert len(step(*_tensors(regression_batches(1)[0]))) == 3 and int(step.steps.asnumpy()) == 1
+
+
 def test_tensor_scale_sense_and_set_sense_scale():
     net = Fp16Linear()
     opt = GradCapture(net.trainable_params())
