@@ -81,9 +81,9 @@ def positive_float32(name, value):
     return scale
 
 
-def read_only(name, advice):
-    """A property reading ``self._<name>``; assigning it is an ``AttributeError`` naming the class, the attribute and
-    ``advice`` (what to do instead).
+def read_only(name, advice, getter=None):
+    """A property reading ``self._<name>`` (or ``getter(self)``); assigning it is an ``AttributeError`` naming the
+    class, the attribute and ``advice`` (what to do instead).
 
     Example:
         >>> class Rule:
@@ -98,7 +98,7 @@ def read_only(name, advice):
         AttributeError: Rule.window cannot be assigned: build a new Rule.
     """
     def get(self):
-        return getattr(self, f"_{name}")
+        return getattr(self, f"_{name}") if getter is None else getter(self)
 
     def refuse(self, value):
         raise AttributeError(f"{type(self).__name__}.{name} cannot be assigned: {advice}")

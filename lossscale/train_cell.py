@@ -32,7 +32,7 @@ from mindspore.common import dtype as mstype
 from lossscale import overflow as _overflow
 from lossscale._cell_checks import (check_loss_output, check_train_arguments, fixed_scale_of, host_call,
                                     host_call_token, refuse_nn_optimizer_options, refuse_without_host_call)
-from lossscale._validation import check_bool, check_int_in_range
+from lossscale._validation import check_bool, check_int_in_range, read_only
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
                                    PersistentOverflowError, PersistentOverflowPolicy, check_debug_flag)
@@ -59,14 +59,8 @@ def _add_mindspore_helpers(cell):
     cell.gpu_target = get_context("device_target") == "GPU"
 
 
-def _built_option(name, getter, doc):
-    """A read-only property for an option of the train cell: setting it raises, since the compiled step keeps the
-    value the cell was built with (a plain attribute would be read back while the step ignored it)."""
-    def refuse(self, value):  # pylint: disable=unused-argument
-        raise AttributeError(f"'{name}' of a {type(self).__name__} is fixed when the cell is built (its compiled "
-                             f"step would not see a new value): build a new cell with {name}={value!r}.")
-
-    return property(getter, refuse, doc=doc)
+# Why the train cell's options cannot be assigned once it is built.
+_BUILT = "the compiled step keeps the value the cell was built with; build a new cell."
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
@@ -208,28 +202,18 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         return self.loss_scaler.update_cell
 
     # The options are fixed when the cell is built: its compiled step would not see a new value.
-    drop_overflow_update = _built_option("drop_overflow_update", lambda self: self._drop_overflow_update,
-                                         "Whether an overflowing step is skipped (False: applied anyway).")
-    optimizer_unscales = _built_option("optimizer_unscales", lambda self: self._optimizer_unscales,
-                                       "Whether the optimizer divides by the scale itself (its own loss_scale).")
-    overflow_check = _built_option("overflow_check", lambda self: self._overflow_check,
-                                   "The name of the backend's overflow check.")
-    accumulation_steps = _built_option("accumulation_steps", lambda self: self._accumulation_steps,
-                                       "Micro-batches per optimizer step.")
-    extra_outputs = _built_option("extra_outputs", lambda self: self._extra_outputs,
-                                  "Whether the cell also returns the learning rate and the global norm.")
-    lr_per_micro_batch = _built_option("lr_per_micro_batch", lambda self: self._lr_per_micro_batch,
-                                       "Whether global_step advances per micro-batch under accumulation.")
-    clip_global_norm = _built_option("clip_global_norm",
-                                     lambda self: None if self.clipper is None else self.clipper.clip_norm,
-                                     "The global-norm clip value, or None.")
-    overflow_policy = _built_option("overflow_policy", lambda self: self.persistent_overflow.policy,
-                                    "skip, warn or raise.")
-    max_consecutive_overflows = _built_option("max_consecutive_overflows",
-                                              lambda self: self.persistent_overflow.max_consecutive_overflows,
-                                              "Consecutive overflows that trigger the policy (warn, raise).")
-    debug_overflow = _built_option("debug_overflow", lambda self: self.forensics is not None,
-                                   "Whether forensics are on.")
+    drop_overflow_update = read_only("drop_overflow_update", _BUILT)
+    optimizer_unscales = read_only("optimizer_unscales", _BUILT)
+    overflow_check = read_only("overflow_check", _BUILT)
+    accumulation_steps = read_only("accumulation_steps", _BUILT)
+    extra_outputs = read_only("extra_outputs", _BUILT)
+    lr_per_micro_batch = read_only("lr_per_micro_batch", _BUILT)
+    clip_global_norm = read_only("clip_global_norm", _BUILT,
+                                 lambda self: None if self.clipper is None else self.clipper.clip_norm)
+    overflow_policy = read_only("overflow_policy", _BUILT, lambda self: self.persistent_overflow.policy)
+    max_consecutive_overflows = read_only("max_consecutive_overflows", _BUILT,
+                                          lambda self: self.persistent_overflow.max_consecutive_overflows)
+    debug_overflow = read_only("debug_overflow", _BUILT, lambda self: self.forensics is not None)
     overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
                                 doc="Forensics reports of overflowing steps (debug_overflow=True).")
     accumulators = property(lambda self: self.accumulation.accumulators,

@@ -236,6 +236,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     scale_factor = read_only("scale_factor", _CELL_ADVICE)
     scale_window = read_only("scale_window", _CELL_ADVICE)
+    policy = read_only("policy", "a compiled step keeps the rule it was built with. Call hold_rule_in_parameters() "
+                                 "and then set_policy(policy), or build a new cell (from_policy(policy)).")
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
                  hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
@@ -245,7 +247,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
             max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
         super().__init__(loss_scale_value)
-        self.policy = policy
+        self._policy = policy
         self._scale_factor, self._scale_window = scale_factor, scale_window
         self._growth_factor = Tensor(policy.growth_factor, mstype.float32)
         self._backoff_factor = Tensor(policy.backoff_factor, mstype.float32)
@@ -306,7 +308,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """
         if field not in _RULE_ATTRIBUTES:
             raise ValueError(f"'field' must be one of {tuple(_RULE_ATTRIBUTES)}, but got {field!r}.")
-        return read_scalar(getattr(self, _RULE_ATTRIBUTES[field]), host_value=getattr(self.policy, field))
+        return read_scalar(getattr(self, _RULE_ATTRIBUTES[field]), host_value=getattr(self._policy, field))
 
     @property
     def dynamic(self):
@@ -331,7 +333,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             raise TypeError(f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "
                             f"but got {type(policy).__name__}.")
         if (policy.consecutive_hysteresis, policy.refill_hysteresis_on_backoff) != (
-                self.policy.consecutive_hysteresis, self.policy.refill_hysteresis_on_backoff):
+                self._policy.consecutive_hysteresis, self._policy.refill_hysteresis_on_backoff):
             raise ValueError("'policy' must keep the hysteresis mode of this update cell "
                              "(consecutive_hysteresis, refill_hysteresis_on_backoff).")
         if state is None:
@@ -339,7 +341,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             state = LossScaleState(scale=current.scale, good_steps=min(current.good_steps, policy.growth_interval - 1),
                                    hysteresis_left=min(current.hysteresis_left, policy.hysteresis))
         check_state(policy, state)
-        self.policy = policy
+        self._policy = policy
         self._scale_factor, self._scale_window = policy.growth_factor, policy.growth_interval
         for name, value in (("_growth_factor", policy.growth_factor), ("_backoff_factor", policy.backoff_factor),
                             ("_min_scale", policy.floor), ("_max_scale", policy.ceiling),
@@ -379,7 +381,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     def set_state(self, state):
         """Write a :class:`lossscale.policy.LossScaleState` into the Parameters (host to device)."""
-        check_state(self.policy, state)
+        check_state(self._policy, state)
         self._set_loss_scale(state.scale)
         write_parameter(self.good_steps, state.good_steps)
         write_parameter(self.hysteresis_left, state.hysteresis_left)
@@ -392,7 +394,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     def load_state_dict(self, state):
         """Restore the output of :meth:`state_dict` (validated; nothing changes on error)."""
-        self.set_state(state_from_dict(self.policy, state))
+        self.set_state(state_from_dict(self._policy, state))
 
     def construct(self, loss_scale, overflow):
         check_overflow_argument(overflow)
@@ -401,7 +403,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         backed_off = ops.maximum(scale * self._backoff_factor, self._min_scale)
         backed_off = ops.select(backed_off < self._tiny, ops.zeros_like(backed_off), backed_off)  # no subnormals
         scale_if_overflow = ops.select(hysteresis <= self._one, backed_off, scale)
-        if self.policy.refill_hysteresis_on_backoff:
+        if self._policy.refill_hysteresis_on_backoff:
             hysteresis_if_overflow = ops.select(hysteresis <= self._one, self._full_hysteresis, hysteresis - self._one)
         else:
             hysteresis_if_overflow = ops.maximum(hysteresis - self._one, self._one)

@@ -189,8 +189,8 @@ def test_the_options_are_fixed_when_the_cell_is_built():
     step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), Tensor(np.float32(8.0)))
     built = {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT}
     for name, value in OPTIONS_FIXED_WHEN_BUILT.items():
-        with pytest.raises(AttributeError, match=f"'{name}' of a TrainOneStepWithLossScaleCell is fixed when the cell "
-                                                 f"is built"):
+        with pytest.raises(AttributeError, match=f"TrainOneStepWithLossScaleCell.{name} cannot be assigned: the "
+                                                 f"compiled step keeps the value the cell was built with"):
             setattr(step, name, value)
     assert {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT} == built
     assert len(step(*_tensors(regression_batches(1)[0]))) == 3 and int(step.steps.asnumpy()) == 1

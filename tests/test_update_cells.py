@@ -340,3 +340,16 @@ def test_a_fixed_cell_loads_its_own_state_dict_of_a_scale_float32_cannot_hold():
     next_float32 = float(np.nextafter(np.float32(INEXACT), np.float32(np.inf)))
     with pytest.raises(ValueError, match="must equal the fixed loss scale 1000.1"):
         cell.load_state_dict({"loss_scale": next_float32})
+
+
+def test_the_rule_cannot_be_assigned_only_set():
+    """`cell.policy = p` was accepted: the host then reported the new rule while a compiled step kept the old one.
+    Assigning it is refused, naming set_policy(); set_policy() changes both (after hold_rule_in_parameters())."""
+    cell = DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)
+    with pytest.raises(AttributeError, match=r"DynamicLossScaleUpdateCell.policy cannot be assigned: .* "
+                                             r"set_policy\(policy\)"):
+        cell.policy = LossScalePolicy(init_scale=8.0)
+    assert cell.policy.growth_interval == 1000
+    cell.hold_rule_in_parameters()
+    cell.set_policy(LossScalePolicy(init_scale=1024.0, growth_interval=5))
+    assert cell.policy.growth_interval == 5 and cell.scale_window == 5
