@@ -163,7 +163,6 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         # a checkpoint written at another scale cannot change it while the optimizer keeps dividing by this one.
         self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
         self.scale_sense = self.loss_scaler.scale_value
-        self._overflow_check = self.loss_scaler.check.name
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
         self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
         self.accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
@@ -178,7 +177,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
         refuse_nn_optimizer_options(optimizer, {"extra_outputs": self._extra_outputs,
                                                 "lr_per_micro_batch": self._lr_per_micro_batch})
-        self._norm_decides = self.clipper is not None and self._overflow_check != _overflow.ASCEND_SATURATION
+        self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
@@ -204,7 +203,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     # The options are fixed when the cell is built: its compiled step would not see a new value.
     drop_overflow_update = read_only("drop_overflow_update", _BUILT)
     optimizer_unscales = read_only("optimizer_unscales", _BUILT)
-    overflow_check = read_only("overflow_check", _BUILT)
+    overflow_check = read_only("overflow_check", _BUILT, lambda self: self.loss_scaler.check.name)
     accumulation_steps = read_only("accumulation_steps", _BUILT)
     extra_outputs = read_only("extra_outputs", _BUILT)
     lr_per_micro_batch = read_only("lr_per_micro_batch", _BUILT)
