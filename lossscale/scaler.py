@@ -50,7 +50,7 @@ from mindspore.ops import constexpr
 from lossscale import overflow as _overflow
 from lossscale._naming import check_name
 from lossscale._parameters import read_scalar, write_parameter
-from lossscale._validation import check_bool, check_int_in_range, positive_float32
+from lossscale._validation import check_bool, check_int_in_range, positive_float32, read_only
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
                                     check_overflow_argument, mindspore_good_steps)
@@ -226,6 +226,11 @@ class LossScaler(nn.Cell):
         ([[0.8999999761581421, 0.8999999761581421]], 1)
     """
 
+    frozen = read_only("frozen", "the scale is a graph constant or a Parameter from the start; build a new "
+                                 "LossScaler.")
+    is_distributed = read_only("is_distributed", "the all-reduce of the overflow flag is part of the compiled "
+                                                 "step; it follows the parallel mode set when the LossScaler is built.")
+
     def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False, frozen=False):
         super().__init__(auto_prefix=False)
         if name is not None:
@@ -234,7 +239,7 @@ class LossScaler(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.check = _overflow.make_overflow_check(overflow_check)
         self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)
-        self.frozen = check_bool("frozen", frozen)
+        self._frozen = check_bool("frozen", frozen)
         if frozen and self.dynamic:
             raise ValueError("'frozen' needs a fixed scale (a number, a Tensor or a fixed update cell), but the rule "
                              "is dynamic.")
@@ -247,8 +252,8 @@ class LossScaler(nn.Cell):
             self.update_cell.rename_parameters(name)
         if self.update_cell is not None and hasattr(self.update_cell, "bind_scale_parameter"):
             self.update_cell.bind_scale_parameter(self.scale_value)
-        self.is_distributed = _is_parallel()
-        if self.is_distributed:
+        self._is_distributed = _is_parallel()
+        if self._is_distributed:
             self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
         self._one = Tensor(1.0, mstype.float32)
         self._zero = Tensor(0.0, mstype.float32)
@@ -317,7 +322,7 @@ class LossScaler(nn.Cell):
 
     def is_overflow(self, flag):
         """``flag != 0`` after summing it over all ranks in any parallel mode (one 4-byte all-reduce)."""
-        if self.is_distributed:
+        if self._is_distributed:
             flag = self.allreduce(flag)
         return ops.not_equal(flag, self._zero)
 
@@ -369,7 +374,7 @@ class LossScaler(nn.Cell):
         """The scale the device holds: eagerly a Python float (one host sync); inside a compiled function a
         float32 scalar Tensor read when the graph runs (:func:`lossscale._parameters.read_scalar`). A frozen
         scale is a Python float everywhere (no sync)."""
-        if self.frozen:
+        if self._frozen:
             return self._frozen_scale
         return read_scalar(self.scale_value)
 
@@ -396,7 +401,7 @@ class LossScaler(nn.Cell):
     def set_scale(self, value):
         """Write a new scale (host to device, no graph rebuild): :meth:`checked_scale` first, so a dynamic rule's
         bounds hold (the state is then one :meth:`load_state_dict` accepts)."""
-        if self.frozen:
+        if self._frozen:
             raise ValueError("this loss scale is frozen (a graph constant): it cannot be changed.")
         write_parameter(self.scale_value, self.checked_scale(value))
 

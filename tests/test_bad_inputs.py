@@ -379,6 +379,25 @@ def test_a_frozen_scale_is_fixed_and_cannot_be_set():
     assert core.get_scale() == 8.0 and not list(core.get_parameters())  # a constant of the graph, no Parameter
 
 
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "parameter"])
+def test_what_a_loss_scaler_compiles_cannot_be_reassigned(frozen):
+    """`core.frozen = False` on a frozen core was accepted: set_scale() then wrote the host's copy of the constant
+    and get_scale() reported it, while compiled steps kept the constant; `core.frozen = True` made get_scale()
+    report the initial scale for good. `core.is_distributed` decides whether the flag is all-reduced."""
+    core = LossScaler(8.0, frozen=frozen)
+    with pytest.raises(AttributeError, match="LossScaler.frozen cannot be assigned: .* build a new LossScaler"):
+        core.frozen = not frozen
+    with pytest.raises(AttributeError, match="LossScaler.is_distributed cannot be assigned: the all-reduce"):
+        core.is_distributed = True
+    assert (core.frozen, core.is_distributed) == (frozen, False)
+    if frozen:
+        with pytest.raises(ValueError, match="frozen"):
+            core.set_scale(4.0)
+    else:
+        core.set_scale(4.0)
+    assert core.get_scale() == (8.0 if frozen else 4.0)
+
+
 def test_loss_scaler_set_rule_takes_a_state_alone():
     """set_rule(state=...) keeps the rule (it passed None on as the policy: a TypeError)."""
     core = LossScaler(BOUNDED_RULE, name="settings_state_alone", mutable_rule=True)
