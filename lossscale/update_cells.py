@@ -75,9 +75,15 @@ def _check_one_value_parameter(name, parameter):
 class _UpdateCellBase(nn.Cell):
     """Shared plumbing: the initial scale and the binding to the train cell's scale Parameter."""
 
+    # MindSpore's get_loss_scale() returns this attribute, so assigning it there changes the scale a train cell
+    # built afterwards starts from; ours keeps the validated value apart, where an assignment would change nothing.
+    loss_scale_value = read_only("loss_scale_value", "it is the initial scale as given. Build a new cell with the "
+                                                     "scale wanted (a train cell's set_sense_scale() changes its "
+                                                     "current scale).")
+
     def __init__(self, loss_scale_value):
         super().__init__()
-        self.loss_scale_value = loss_scale_value
+        self._loss_scale_value = loss_scale_value
         self._initial_scale = float(np.float32(loss_scale_value))
         self._binding = _ScaleBinding(None)
 

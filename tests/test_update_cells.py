@@ -353,3 +353,17 @@ def test_the_rule_cannot_be_assigned_only_set():
     cell.hold_rule_in_parameters()
     cell.set_policy(LossScalePolicy(init_scale=1024.0, growth_interval=5))
     assert cell.policy.growth_interval == 5 and cell.scale_window == 5
+
+
+@pytest.mark.parametrize("make", [lambda: FixedLossScaleUpdateCell(1024.0),
+                                  lambda: DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)], ids=["fixed", "dynamic"])
+def test_the_initial_scale_cannot_be_assigned(make):
+    """MindSpore's get_loss_scale() returns loss_scale_value, so there `cell.loss_scale_value = 2048.0` makes a train
+    cell built afterwards start at 2048. Ours was accepted and read back while the train cell started at 1024."""
+    cell = make()
+    with pytest.raises(AttributeError, match=f"{type(cell).__name__}.loss_scale_value cannot be assigned: it is the "
+                                             f"initial scale as given"):
+        cell.loss_scale_value = 2048.0
+    net = nn.Dense(2, 1)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell)
+    assert cell.loss_scale_value == cell.get_loss_scale() == step.get_loss_scale() == 1024.0
