@@ -11,8 +11,10 @@ can tell rank 0. Runs ``loss_torch`` and ``loss_keras`` do the same as ``loss`` 
 user's ``DistributedGradReducer``; run ``minimize_keras`` with ``LossScaleOptimizer.minimize``, which
 reduces them itself. Run ``accumulate`` is ``inject`` with windows of 2 micro-batches
 (the window holding rank 1's inf is skipped). Run ``batchnorm`` is ``inject`` with a BatchNorm network, and
-saves its running statistics instead of the weights (both ranks write theirs back on the skipped step). It
-writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npy`` (the
+saves its running statistics instead of the weights (both ranks write theirs back on the skipped step). Run
+``persistent`` has inf on rank 1 only at every step from INJECT_STEP on, with ``overflow_policy="raise"`` and
+``max_consecutive_overflows=2``: both ranks must stop at the same step (one rank stopping alone would leave the
+other waiting in its next all-reduce). It writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npy`` (the
 trainable weights, or statistics, after every step, stacked).
 """
 import json
@@ -29,37 +31,43 @@ from nets import (  # noqa: E402  pylint: disable=wrong-import-position
     BatchNormNet, LossPlusInput, regression_batches, regression_net, running_statistics_of)
 
 from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
-                       TrainOneStepWithLossScaleCell)
+                       PersistentOverflowError, TrainOneStepWithLossScaleCell)
 from lossscale.distributed import init_data_parallel  # noqa: E402
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
 RUNS = ("inject", "clean", "loss", "loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras", "accumulate",
-        "batchnorm")
+        "batchnorm", "persistent")
 
 
 def manager():
     return DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
 
 
-def train(rank, size, inject, accumulation_steps=1, batch_norm=False):
+def train(rank, size, inject_steps, batch_norm=False, **options):
     """Returns the report and, after every step, the trainable weights (or, with ``batch_norm``, the running
-    statistics of a BatchNorm network), stacked."""
+    statistics of a BatchNorm network), stacked. Rank 1's batch holds an inf at ``inject_steps``; ``options`` go to
+    the train cell. A PersistentOverflowError ends the run (its step is the report's ``stopped_at``)."""
     net = nn.WithLossCell(BatchNormNet(6, 8, 3), nn.MSELoss()) if batch_norm else regression_net()
     step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                                         manager().get_update_cell(), accumulation_steps=accumulation_steps)
+                                         manager().get_update_cell(), **options)
     step.set_train()
     share = GLOBAL_BATCH // size
-    flags, scales, weights = [], [], []
+    flags, scales, weights, stopped_at = [], [], [], None
     for i, (x, y) in enumerate(regression_batches(STEPS, batch=GLOBAL_BATCH)):
         x, y = x[rank * share:(rank + 1) * share].copy(), y[rank * share:(rank + 1) * share]
-        if inject and i == INJECT_STEP and rank == 1:
+        if i in inject_steps and rank == 1:
             x[0, 0] = np.inf
-        _, overflow, scale = step(Tensor(x), Tensor(y))
+        try:
+            _, overflow, scale = step(Tensor(x), Tensor(y))
+        except PersistentOverflowError:
+            stopped_at = i
+            break
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
         weights.append(running_statistics_of(net) if batch_norm else
                        np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
-    return {"flags": flags, "scales": scales, "counters": step.overflow_counters()}, np.stack(weights)
+    report = {"flags": flags, "scales": scales, "counters": step.overflow_counters(), "stopped_at": stopped_at}
+    return report, np.stack(weights)
 
 
 def _offset(rank, i):
@@ -152,11 +160,14 @@ def main(out):
         elif run == "minimize_keras":
             report[run], weights = train_minimize_with_nonfinite_loss(rank)
         elif run == "accumulate":
-            report[run], weights = train(rank, size, inject=True, accumulation_steps=2)
+            report[run], weights = train(rank, size, [INJECT_STEP], accumulation_steps=2)
         elif run == "batchnorm":
-            report[run], weights = train(rank, size, inject=True, batch_norm=True)
+            report[run], weights = train(rank, size, [INJECT_STEP], batch_norm=True)
+        elif run == "persistent":
+            report[run], weights = train(rank, size, range(INJECT_STEP, STEPS), overflow_policy="raise",
+                                         max_consecutive_overflows=2)
         else:
-            report[run], weights = train(rank, size, inject=run == "inject")
+            report[run], weights = train(rank, size, [INJECT_STEP] if run == "inject" else [])
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)

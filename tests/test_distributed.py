@@ -105,6 +105,22 @@ def test_both_ranks_write_their_batch_norm_statistics_back_on_the_step_only_rank
     assert not np.array_equal(weights[(0, "batchnorm")], weights[(1, "batchnorm")])
 
 
+def test_both_ranks_stop_at_the_same_step_when_overflows_on_rank_1_persist(two_ranks):
+    """overflow_policy="raise" with max_consecutive_overflows=2 and inf on rank 1 only from INJECT_STEP on: the
+    all-reduced flag gives rank 0 the same count, so both ranks raise PersistentOverflowError at the second
+    overflowing step, with the same state (a rank stopping alone would leave the other in its next all-reduce)."""
+    reports, weights, _ = two_ranks
+    first, stop = dp_worker.INJECT_STEP, dp_worker.INJECT_STEP + 1
+    for rank, report in enumerate(reports):
+        persistent = report["persistent"]
+        assert persistent["stopped_at"] == stop, rank
+        assert persistent["flags"] == [i == first for i in range(stop)]
+        assert persistent["counters"]["skipped_steps"] == 2 and persistent["counters"]["consecutive_overflows"] == 2
+        np.testing.assert_array_equal(weights[(rank, "persistent")][first], weights[(rank, "persistent")][first - 1])
+    assert reports[0]["persistent"] == reports[1]["persistent"]
+    np.testing.assert_array_equal(weights[(0, "persistent")], weights[(1, "persistent")])
+
+
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
     reports, weights, _ = two_ranks
     for run_name in ("inject", "clean"):
