@@ -14,8 +14,8 @@ reduces them itself. Run ``accumulate`` is ``inject`` with windows of 2 micro-ba
 saves its running statistics instead of the weights (both ranks write theirs back on the skipped step). Run
 ``persistent`` has inf on rank 1 only at every step from INJECT_STEP on, with ``overflow_policy="raise"`` and
 ``max_consecutive_overflows=2``: both ranks must stop at the same step (one rank stopping alone would leave the
-other waiting in its next all-reduce). It writes ``rank<R>.json`` (per-step overflow flags and scales, counters) and ``rank<R>_<run>.npy`` (the
-trainable weights, or statistics, after every step, stacked).
+other waiting in its next all-reduce). It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
+and ``rank<R>_<run>.npy`` (the trainable weights, or statistics, after every step, stacked).
 """
 import json
 import os
