@@ -505,12 +505,22 @@ def refuse_non_sequence(grads, argument, allow_empty=False):
     return True
 
 
+def _is_eager_row_tensor(grad):
+    """Whether ``grad`` is a sparse gradient as ``mindspore.value_and_grad`` returns it outside a graph: the tuple
+    ``(indices, values, dense_shape)`` of a RowTensor."""
+    if not isinstance(grad, tuple) or len(grad) != 3:
+        return False
+    indices, values, dense_shape = grad
+    return isinstance(indices, Tensor) and isinstance(values, Tensor) and isinstance(dense_shape, tuple)
+
+
 def refuse_non_tensor_entries(grads, argument):
     """TypeError, at trace time inside a graph, for an entry of ``grads`` that cannot be a gradient: a number or a
     NumPy value (MindSpore's own error says only "For 'MultitypeFuncGraph', the input can not be
     numpy.ndarray"), or a tuple/list: gradients nested one level too deep, as ``mindspore.value_and_grad`` with
-    ``grad_position`` and ``weights`` returns them (MindSpore's error names a ``NotEqual`` call). Tensors and
-    ``None`` are left to the caller.
+    ``grad_position`` and ``weights`` returns them (MindSpore's error names a ``NotEqual`` call), or a sparse
+    gradient as MindSpore returns it outside a graph (the tuple of a RowTensor). Tensors and ``None`` are left to
+    the caller.
 
     Example:
         >>> refuse_non_tensor_entries((Tensor(np.float32(1.0)), None), "grads")
@@ -520,6 +530,10 @@ def refuse_non_tensor_entries(grads, argument):
         if isinstance(grad, (bool, int, float, np.ndarray, np.generic)):
             raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got {type(grad).__name__}: "
                             f"gradients are MindSpore Tensors (convert NumPy values with mindspore.Tensor).")
+        if _is_eager_row_tensor(grad):
+            raise TypeError(f"'{argument}[{index}]' is a sparse gradient (RowTensor: indices, values, dense shape), "
+                            f"as nn.EmbeddingLookup(sparse=True) gives: the GradScaler and the LossScaleOptimizer "
+                            f"take dense gradients only. Use nn.Embedding, whose gradients are dense.")
         if isinstance(grad, (tuple, list)):
             raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got a {type(grad).__name__}: give "
                             f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "

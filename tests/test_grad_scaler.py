@@ -1415,6 +1415,32 @@ def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, e
                                      "'{argument}\\[1\\]' must be a gradient Tensor, but got " + shown)
 
 
+def _eager_sparse_gradient():
+    """A sparse gradient as ``mindspore.value_and_grad`` returns it outside a graph: the tuple (indices, values,
+    dense shape) of an ``nn.EmbeddingLookup(sparse=True)``'s RowTensor."""
+    lookup = nn.EmbeddingLookup(10, 1, target="CPU", sparse=True)
+
+    def loss(ids):
+        return lookup(ids).sum()
+
+    grad = ms.value_and_grad(loss, None, lookup.trainable_params())(Tensor(np.array([1, 3], np.int32)))[1][0]
+    assert isinstance(grad, tuple) and grad[2] == (10, 1)  # what the refusal recognises
+    return grad
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "get_unscaled_gradients"])
+def test_sparse_gradients_are_refused_saying_so(compiled, call):
+    """nn.EmbeddingLookup(sparse=True)'s gradient, which MindSpore returns eagerly as the tuple (indices, values,
+    dense shape): a TypeError saying it is sparse and what to use instead (was "must be a gradient Tensor, but got
+    a tuple: give the weights' gradients as one flat tuple", advice that does not apply), before anything is
+    applied or recorded. The same tuple given to a compiled function is refused alike. (A RowTensor made inside
+    a compiled function fails MindSpore's compiling: migration.md.)"""
+    sparse = _eager_sparse_gradient()
+    _refused_before_anything_happens(call, (Tensor(np.ones((1, 1), np.float32)), sparse), compiled, TypeError,
+                                     "'{argument}\\[1\\]' is a sparse gradient .*Use nn.Embedding")
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "call"])
 def test_gradients_of_inputs_and_weights_together_are_refused(compiled, call):
