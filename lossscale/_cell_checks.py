@@ -113,6 +113,17 @@ def host_call(token):
 
 
 @ops.constexpr
+def refuse_reassigned_options(names):
+    """Graph (compile time): a subclass assigned these options after building and still runs the train cell's own
+    ``construct``, which keeps the values the cell was built with (see ``train_cell._built_option``)."""
+    raise RuntimeError(
+        f"this cell's class assigned {', '.join(names)} after TrainOneStepWithLossScaleCell.__init__ and still runs "
+        f"TrainOneStepWithLossScaleCell.construct, which keeps the values the cell was built with: pass them to "
+        f"__init__ instead (super().__init__(network, optimizer, scale_sense, {names[0]}=...)), or name the "
+        f"subclass's own attributes differently.")
+
+
+@ops.constexpr
 def refuse_without_host_call(token, features):
     """Graph (compile time): refuse to compile a train cell with host-side ``features`` (warn/raise policy,
     forensics) into another graph, where they would silently not run."""

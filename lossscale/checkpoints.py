@@ -83,7 +83,7 @@ def _check_rule_state(cell, scale):
         check_int_in_range(f"loss_scale_{name}", count, low=0, high=INT32_MAX)
     if cell.accumulation is not None:
         check_int_in_range(MICRO_STEP, _count(cell.accumulation.micro_step), low=0,
-                           high=cell.accumulation_steps - 1)
+                           high=cell.accumulation.steps - 1)
 
 
 def restore_loss_scale(cell, param_dict):

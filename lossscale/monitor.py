@@ -20,6 +20,7 @@ from mindspore.train import Callback
 from lossscale._parameters import host_array, host_flags
 from lossscale._text import format_scale
 from lossscale._validation import check_bool, check_int_in_range
+from lossscale.accumulation import GradientAccumulation
 
 FIELDS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps", "next_loss_scale")
 
@@ -84,9 +85,9 @@ def cell_loss_scale(train_network):
 def _accumulation_window(train_network):
     """``(micro-step Parameter, steps)`` of a lossscale train cell that accumulates, else None."""
     window = getattr(train_network, "accumulation", None)
-    if window is None or getattr(train_network, "accumulation_steps", 1) <= 1:
+    if not isinstance(window, GradientAccumulation):
         return None
-    return window.micro_step, train_network.accumulation_steps
+    return window.micro_step, window.steps
 
 
 def _check_csv_path(csv_path):

@@ -31,7 +31,8 @@ from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
 from lossscale._cell_checks import (check_loss_output, check_train_arguments, fixed_scale_of, host_call,
-                                    host_call_token, refuse_nn_optimizer_options, refuse_without_host_call)
+                                    host_call_token, refuse_nn_optimizer_options, refuse_reassigned_options,
+                                    refuse_without_host_call)
 from lossscale._validation import check_bool, check_int_in_range, read_only
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
@@ -61,6 +62,29 @@ def _add_mindspore_helpers(cell):
 
 # Why the train cell's options cannot be assigned once it is built.
 _BUILT = "the compiled step keeps the value the cell was built with; build a new cell."
+
+
+def _built_option(name, getter=None):
+    """An option as the cell was built: read-only (``_BUILT``), since this class's ``construct`` keeps the value.
+
+    A subclass with a ``construct`` of its own may assign the name for its own use, as subclasses of MindSpore's
+    cell do (mindone's ``TrainOneStepWrapper`` assigns ``drop_overflow_update``, model-zoo accumulation cells
+    ``accumulation_steps``): the attribute then reads the assigned value, and this class's ``construct``, if the
+    subclass still calls it, refuses to compile (:func:`lossscale._cell_checks.refuse_reassigned_options`).
+    """
+    fixed = read_only(name, _BUILT, getter)
+
+    def get(self):
+        assigned = self._subclass_options
+        return assigned[name] if name in assigned else fixed.fget(self)
+
+    def assign(self, value):
+        if type(self).construct is TrainOneStepWithLossScaleCell.construct:
+            fixed.fset(self, value)
+        self._subclass_options = {**self._subclass_options, name: value}
+        self._reassigned_options = tuple(self._subclass_options)
+
+    return property(get, assign, doc=f"``{name}`` as built (read-only unless a subclass has its own construct).")
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
@@ -157,6 +181,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                  lr_per_micro_batch=False):
         check_train_arguments(network, optimizer, scale_sense)
         super().__init__(network, optimizer, sens=None)
+        self._subclass_options, self._reassigned_options = {}, ()  # see _built_option
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
         self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
         # When the optimizer divides by the scale itself, the scale is a constant, as MindSpore's Python-float sens:
@@ -177,7 +202,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
         refuse_nn_optimizer_options(optimizer, {"extra_outputs": self._extra_outputs,
                                                 "lr_per_micro_batch": self._lr_per_micro_batch})
-        self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
+        self._norm_decides = self.clipper is not None and self.loss_scaler.check.name != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
@@ -191,28 +216,48 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def _describe_host_features(self):
         """What runs on the host after each call ("" if nothing): only ``__call__`` runs it."""
-        features = [f"overflow_policy={self.overflow_policy!r}"] if self.persistent_overflow.active else []
+        features = [f"overflow_policy={self.persistent_overflow.policy!r}"] if self.persistent_overflow.active else []
         return " and ".join(features + (["debug_overflow=True"] if self.forensics is not None else []))
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
     def loss_scaling_manager(self):
-        """The update cell deciding the scale, or None for a Tensor ``scale_sense`` (MindSpore's name)."""
+        """The update cell deciding the scale, or None for a Tensor ``scale_sense`` (MindSpore's name). Assigning
+        the one it holds changes nothing; another is refused (:meth:`__setattr__`)."""
         return self.loss_scaler.update_cell
 
-    # The options are fixed when the cell is built: its compiled step would not see a new value.
-    drop_overflow_update = read_only("drop_overflow_update", _BUILT)
-    optimizer_unscales = read_only("optimizer_unscales", _BUILT)
-    overflow_check = read_only("overflow_check", _BUILT, lambda self: self.loss_scaler.check.name)
-    accumulation_steps = read_only("accumulation_steps", _BUILT)
-    extra_outputs = read_only("extra_outputs", _BUILT)
-    lr_per_micro_batch = read_only("lr_per_micro_batch", _BUILT)
-    clip_global_norm = read_only("clip_global_norm", _BUILT,
-                                 lambda self: None if self.clipper is None else self.clipper.clip_norm)
-    overflow_policy = read_only("overflow_policy", _BUILT, lambda self: self.persistent_overflow.policy)
-    max_consecutive_overflows = read_only("max_consecutive_overflows", _BUILT,
-                                          lambda self: self.persistent_overflow.max_consecutive_overflows)
-    debug_overflow = read_only("debug_overflow", _BUILT, lambda self: self.forensics is not None)
+    def __setattr__(self, name, value):
+        if name == "loss_scaling_manager":
+            self._keep_update_cell(value)
+            return
+        super().__setattr__(name, value)
+
+    def _keep_update_cell(self, value):
+        """Model-zoo subclasses (BERT, GPT, ...) assign ``self.loss_scaling_manager = scale_update_cell`` after
+        ``super().__init__(network, optimizer, scale_update_cell)``: the update cell it holds, accepted. (nn.Cell's
+        own assignment raised a KeyError, "the loss_scaling_manager child cell already exists".) Another one is
+        refused: the core's scale and the compiled step are bound to the cell given when building."""
+        current = self.loss_scaler.update_cell
+        if value is current:
+            return
+        held = "no update cell (a Tensor scale_sense)" if current is None else f"a {type(current).__name__}"
+        raise AttributeError(f"{type(self).__name__}.loss_scaling_manager cannot be replaced: this cell holds {held}, "
+                             f"given when it was built, and its scale and compiled step are bound to it. Assigning the "
+                             f"same update cell again is accepted; for another rule, build a new train cell with it.")
+
+    # The options are fixed when the cell is built: its compiled step would not see a new value (_built_option).
+    drop_overflow_update = _built_option("drop_overflow_update")
+    optimizer_unscales = _built_option("optimizer_unscales")
+    overflow_check = _built_option("overflow_check", lambda self: self.loss_scaler.check.name)
+    accumulation_steps = _built_option("accumulation_steps")
+    extra_outputs = _built_option("extra_outputs")
+    lr_per_micro_batch = _built_option("lr_per_micro_batch")
+    clip_global_norm = _built_option("clip_global_norm",
+                                     lambda self: None if self.clipper is None else self.clipper.clip_norm)
+    overflow_policy = _built_option("overflow_policy", lambda self: self.persistent_overflow.policy)
+    max_consecutive_overflows = _built_option("max_consecutive_overflows",
+                                              lambda self: self.persistent_overflow.max_consecutive_overflows)
+    debug_overflow = _built_option("debug_overflow", lambda self: self.forensics is not None)
     overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
                                 doc="Forensics reports of overflowing steps (debug_overflow=True).")
     accumulators = property(lambda self: self.accumulation.accumulators,
@@ -311,6 +356,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     # ---- graph -------------------------------------------------------------------------------
     def construct(self, *inputs):
+        if self._reassigned_options:
+            refuse_reassigned_options(self._reassigned_options)
         if self._host_features:
             refuse_without_host_call(self._host_call_token, self._host_features)
         saved = None if self.running_statistics is None else self.running_statistics.save()

@@ -548,6 +548,118 @@ def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
     assert theirs.overflow_counters()["steps"] == 0 and ours.overflow_counters()["skipped_steps"] == 3
 
 
+class ModelZooCell(TrainOneStepWithLossScaleCell):
+    """The ``__init__`` and ``construct`` of MindSpore's model-zoo cells (BERT's ``BertTrainOneStepWithLossScaleCell``,
+    GPT, FILIP, ...): they assign the update cell again and keep a scale Parameter of their own, ``loss_scale``,
+    which they pass to the update cell."""
+
+    def __init__(self, network, optimizer, scale_update_cell=None):
+        super().__init__(network, optimizer, scale_update_cell)
+        self.cast = ops.Cast()
+        self.degree = 1
+        self.loss_scale = None
+        self.loss_scaling_manager = scale_update_cell
+        if scale_update_cell:
+            self.loss_scale = Parameter(Tensor(scale_update_cell.get_loss_scale(), dtype=mstype.float32))
+
+    def construct(self, x, y, sens=None):
+        weights = self.weights
+        loss = self.network(x, y)
+        scaling_sens = self.loss_scale if sens is None else sens
+        status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
+        grads = self.grad(self.network, weights)(x, y, self.cast(scaling_sens, mstype.float32))
+        grads = self.grad_reducer(grads)
+        degree_sens = self.cast(scaling_sens * self.degree, mstype.float32)
+        grads = self.hyper_map(ops.partial(_scale_gradient, degree_sens), grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = cond
+        if sens is None:
+            overflow = self.loss_scaling_manager(self.loss_scale, cond)
+        if not overflow:
+            self.optimizer(grads)
+        return loss, cond, scaling_sens
+
+
+def test_a_model_zoo_subclass_that_assigns_the_update_cell_again_trains_like_the_cell_on_cpu():
+    """Building one was nn.Cell's KeyError ("the loss_scaling_manager child cell already exists"). Now it trains with
+    its own scale Parameter and our update cell and check: the same decisions, scales and weights as our
+    construct. Its construct never writes ``scale_sense``, so ``get_loss_scale()`` keeps reading the initial
+    scale, as MindSpore's cell's ``scale_sense`` stays put under such a subclass."""
+    policy = dict(init_loss_scale=2**10, scale_factor=2, scale_window=2)
+    runs = []
+    for cls in (TrainOneStepWithLossScaleCell, ModelZooCell):
+        net = regression_net()
+        step = cls(net, nn.SGD(net.trainable_params(), 0.05), DynamicLossScaleManager(**policy).get_update_cell())
+        runs.append((net, step, train_calls(step, regression_batches(7), inject={1, 4, 5})))
+    (ours_net, ours, ours_run), (zoo_net, zoo, zoo_run) = runs
+    assert zoo_run[1:] == ours_run[1:] == ([False, True, False, False, True, True, False],
+                                           [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
+    assert all(np.array_equal(a.asnumpy(), b.asnumpy())
+               for a, b in zip(ours_net.trainable_params(), zoo_net.trainable_params()))
+    assert float(zoo.loss_scale.asnumpy()) == ours.get_loss_scale() == 256.0 and zoo.get_loss_scale() == 1024.0
+
+
+class OwnOptions(TrainOneStepWithLossScaleCell):
+    """As mindone's ``TrainOneStepWrapper`` (a subclass of MindSpore's cell): it assigns ``drop_overflow_update``
+    (and here ``accumulation_steps``) for its own construct, which applies an overflowed step when
+    ``drop_overflow_update`` is False."""
+
+    def __init__(self, network, optimizer, scale_sense, drop_overflow_update=True, gradient_accumulation_steps=1):
+        super().__init__(network, optimizer, scale_sense)
+        self.drop_overflow_update = drop_overflow_update
+        self.accumulation_steps = gradient_accumulation_steps
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        scaling_sens = self.scale_sense
+        status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
+        grads = self.grad(self.network, self.weights)(*inputs, ops.ones_like(loss) * scaling_sens)
+        grads = self.hyper_map(ops.partial(_scale_gradient, scaling_sens * self.accumulation_steps), grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
+        if (not self.drop_overflow_update) or (not overflow):
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, cond, scaling_sens
+
+
+class OwnOptionsCallingOurConstruct(OwnOptions):
+    def construct(self, *inputs):
+        return TrainOneStepWithLossScaleCell.construct(self, *inputs)
+
+
+@pytest.mark.parametrize("drop", [True, False])
+def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itself(drop):
+    """Assigning drop_overflow_update or accumulation_steps after building was an AttributeError (the options are
+    read-only for our construct), so mindone's TrainOneStepWrapper and model-zoo accumulation cells could not be
+    built on our cell. With a construct of their own the names are theirs: the attributes read their values, and
+    their compiled construct uses them (an injected inf is applied when their drop_overflow_update is False).
+    A subclass that assigns them but runs our construct is refused before anything runs; one without a
+    construct of its own still gets the AttributeError."""
+    net = regression_net()
+    cell = OwnOptions(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)), drop_overflow_update=drop,
+                      gradient_accumulation_steps=2)
+    assert cell.drop_overflow_update is drop and cell.accumulation_steps == 2 and cell.accumulation is None
+    _, flags, _ = train_calls(cell, regression_batches(2), inject={1})
+    assert flags == [False, True]
+    weights = [p.asnumpy() for p in net.trainable_params()]
+    assert all(np.isfinite(w).all() for w in weights) is drop  # the overflowed step applied only when not dropped
+
+    calling_ours = OwnOptionsCallingOurConstruct(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)))
+    before = training_state(calling_ours)
+    with pytest.raises(RuntimeError, match="assigned drop_overflow_update, accumulation_steps after "
+                                           "TrainOneStepWithLossScaleCell.__init__ and still runs"):
+        calling_ours(*map(Tensor, regression_batches(1)[0]))
+    assert changed_since(before, calling_ours) == []
+
+    class NoConstruct(TrainOneStepWithLossScaleCell):
+        def __init__(self, network, optimizer, scale_sense):
+            super().__init__(network, optimizer, scale_sense)
+            self.accumulation_steps = 4
+
+    with pytest.raises(AttributeError, match="NoConstruct.accumulation_steps cannot be assigned: the compiled step"):
+        NoConstruct(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)))
+
+
 # ---- property-based invariants -----------------------------------------------------------------------------
 
 _PROPERTY_POLICY = dict(init_loss_scale=2**6, scale_factor=2, scale_window=2, hysteresis=2, min_loss_scale=2.0,

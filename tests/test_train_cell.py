@@ -196,6 +196,29 @@ def test_the_options_are_fixed_when_the_cell_is_built():
     assert len(step(*_tensors(regression_batches(1)[0]))) == 3 and int(step.steps.asnumpy()) == 1
 
 
+@pytest.mark.parametrize("scale_sense", ["update_cell", "tensor"])
+def test_the_update_cell_can_be_assigned_again_but_not_replaced(scale_sense):
+    """``self.loss_scaling_manager = scale_update_cell`` after ``super().__init__`` (model-zoo subclasses; was
+    nn.Cell's KeyError "the loss_scaling_manager child cell already exists") keeps the cell; another update cell,
+    or None where there is one, is an AttributeError that changes nothing (the core's scale and the compiled
+    step are bound to the cell given when building); without one (a Tensor scale_sense), None is accepted."""
+    net = regression_net()
+    held = (DynamicLossScaleManager(init_loss_scale=8.0, scale_window=1).get_update_cell()
+            if scale_sense == "update_cell" else None)
+    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
+                                         held if held is not None else Tensor(np.float32(8.0)))
+    step.loss_scaling_manager = held
+    assert step.loss_scaling_manager is held
+    others = [FixedLossScaleManager(8.0).get_update_cell()] + ([None] if held is not None else [])
+    for other in others:
+        with pytest.raises(AttributeError, match="TrainOneStepWithLossScaleCell.loss_scaling_manager cannot be "
+                                                 "replaced: this cell holds .*Assigning the same update cell again"):
+            step.loss_scaling_manager = other
+    assert step.loss_scaling_manager is held and "loss_scaling_manager" not in step._cells
+    step(*_tensors(regression_batches(1)[0]))
+    assert step.get_loss_scale() == (16.0 if held is not None else 8.0)  # a clean step grows with scale_window=1
+
+
 def test_tensor_scale_sense_and_set_sense_scale():
     net = Fp16Linear()
     opt = GradCapture(net.trainable_params())
