@@ -428,7 +428,8 @@ class GradScaler:
         an optimizer built with its own ``loss_scale``, and gradients whose shapes are not those
         of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
         function MindSpore refuses them while compiling). A list is applied as a tuple (MindSpore's
-        optimizers take tuples).
+        optimizers take tuples). Called from Python, an optimizer that raises leaves the iteration as
+        it was before this call, so ``step`` can be called again (as in PyTorch).
         """
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
@@ -442,11 +443,15 @@ class GradScaler:
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
+        before = self._states.host_table()
         to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure,
-                                            self._states.host_unscaled(slot))
+                                            self._states.unscaled_in(before, slot))
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
-            skipped = ops.depend(skipped, optimizer(tuple(to_apply)))
+            if before is None:
+                skipped = ops.depend(skipped, optimizer(tuple(to_apply)))
+            else:
+                skipped = ops.depend(skipped, self._states.apply_or_restore(optimizer, tuple(to_apply), before))
         else:
             skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
         return skipped

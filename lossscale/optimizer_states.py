@@ -38,7 +38,7 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale._naming import check_name
-from lossscale._parameters import outside_graph
+from lossscale._parameters import outside_graph, write_parameter
 from lossscale._validation import check_int_in_range
 
 READY, UNSCALED, STEPPED = 0, 1, 2
@@ -327,12 +327,29 @@ class OptimizerStates(nn.Cell):
         return self._write(self._iteration_rows, self._zero)
 
     # ---- host ----------------------------------------------------------------------------------
-    def host_unscaled(self, slot):
-        """Whether ``slot``'s stage is UNSCALED, read on the host (one sync); None inside a compiled function,
-        where the graph reads it (:func:`lossscale._parameters.outside_graph`)."""
+    def host_table(self):
+        """The table as read on the host (a NumPy copy, one sync); None inside a compiled function, where the graph
+        reads it (:func:`lossscale._parameters.outside_graph`)."""
         if outside_graph(self.table):
-            return bool(self.table.asnumpy()[STAGE, slot] == UNSCALED)
+            return self.table.asnumpy().copy()
         return None
+
+    @staticmethod
+    def unscaled_in(table, slot):
+        """Whether ``slot``'s stage is UNSCALED in ``table`` (a :meth:`host_table` copy); None without one."""
+        if table is None:
+            return None
+        return bool(table[STAGE, slot] == UNSCALED)
+
+    def apply_or_restore(self, optimizer, grads, table):
+        """From Python: ``optimizer(grads)``. If it raises, the table is written back to ``table`` (as read before
+        this step()), so that step() can be called again: PyTorch records a step only once its optimizer
+        returned. (Was: the failed step stayed recorded, and the retry was refused as a second step.)"""
+        try:
+            return optimizer(grads)
+        except BaseException:
+            write_parameter(self.table, table)
+            raise
 
     def between_iterations(self):
         """True when no unscale_() or step() happened since the last update() (one host sync)."""

@@ -1415,6 +1415,55 @@ def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, e
                                      "'{argument}\\[1\\]' must be a gradient Tensor, but got " + shown)
 
 
+class _FailsOnce:
+    """An optimizer whose first call raises (a device error, a bug fixed before the retry), then applies ``inner``."""
+
+    def __init__(self, inner):
+        self.inner, self.parameters, self.failed = inner, inner.parameters, False
+
+    def __call__(self, grads):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("device busy")
+        return self.inner(grads)
+
+
+@pytest.mark.parametrize("spelling, unscale_first", [("torch", False), ("paddle", True)],
+                         ids=["torch_step", "paddle_unscale_then_step"])
+def test_a_step_whose_optimizer_raised_can_be_called_again(spelling, unscale_first):
+    """Called from Python, an optimizer that raises inside step() leaves the iteration as it was before that
+    step() (as PyTorch, which records a step only once its optimizer returned): the retry applies the step and
+    the run ends where an uninterrupted one does (was: the failed step stayed recorded, the retry was refused
+    as a second step and update() counted an iteration whose step never happened)."""
+    runs = []
+    for flaky in (False, True):
+        scaler = GradScaler("cpu", init_scale=8.0, growth_interval=1) if spelling == "torch" else GradScaler(
+            init_loss_scaling=8.0, incr_every_n_steps=1)
+        net = regression_net()
+        inner = nn.SGD(net.trainable_params(), 0.1)
+        optimizer = _FailsOnce(inner) if flaky else inner
+
+        def forward(a, b):
+            return scaler.scale(net(a, b))
+
+        grad_fn = ms.value_and_grad(forward, None, inner.parameters)
+        for x, y in _batches(2):
+            grads = grad_fn(x, y)[1]
+            if unscale_first:
+                grads = scaler.unscale_(grads)
+            if flaky and not optimizer.failed:
+                before = training_state(net)
+                with pytest.raises(RuntimeError, match="device busy"):
+                    scaler.step(optimizer, grads)
+                assert changed_since(before, net) == [] and scaler._states.between_iterations() is not unscale_first
+            assert scaler.step(optimizer, grads) is not None
+            scaler.update()
+        runs.append((scaler.get_scale(), training_state(net)))
+    (scale, weights), (flaky_scale, flaky_weights) = runs
+    assert flaky_scale == scale == 32.0
+    assert all(np.array_equal(flaky_weights[name], value) for name, value in weights.items())
+
+
 def _eager_sparse_gradient():
     """A sparse gradient as ``mindspore.value_and_grad`` returns it outside a graph: the tuple (indices, values,
     dense shape) of an ``nn.EmbeddingLookup(sparse=True)``'s RowTensor."""
