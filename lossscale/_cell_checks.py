@@ -112,6 +112,28 @@ def host_call(token):
         _HOST_CALLS.discard(token)
 
 
+_TRACED_OWN_CONSTRUCT = set()  # tokens of the train cells whose own construct was traced (see below)
+
+
+@ops.constexpr
+def mark_own_construct_traced(token):
+    """Graph (compile time): the train cell ``token``'s own ``construct`` was traced, so the options only it
+    honours take effect (:func:`refuse_options_without_construct`)."""
+    _TRACED_OWN_CONSTRUCT.add(token)
+    return True
+
+
+def refuse_options_without_construct(cell_class, token, options):
+    """Host, after compiling: ``RuntimeError`` if ``options`` (non-default options only the train cell's own
+    ``construct`` honours) were given to a subclass whose ``construct`` never runs it."""
+    if token in _TRACED_OWN_CONSTRUCT:
+        return
+    raise RuntimeError(
+        f"{', '.join(options)} would have no effect: {cell_class.__name__}.construct does not run "
+        f"TrainOneStepWithLossScaleCell.construct (e.g. through super().construct(*inputs)), the only place they "
+        f"act. Build the cell without them, or do it in your construct (nothing ran yet).")
+
+
 @ops.constexpr
 def refuse_reassigned_options(names):
     """Graph (compile time): a subclass assigned these options after building and still runs the train cell's own

@@ -31,7 +31,8 @@ from mindspore.common import dtype as mstype
 
 from lossscale import overflow as _overflow
 from lossscale._cell_checks import (check_loss_output, check_train_arguments, fixed_scale_of, host_call,
-                                    host_call_token, refuse_nn_optimizer_options, refuse_reassigned_options,
+                                    host_call_token, mark_own_construct_traced, refuse_nn_optimizer_options,
+                                    refuse_options_without_construct, refuse_reassigned_options,
                                     refuse_without_host_call)
 from lossscale._validation import check_bool, check_int_in_range, read_only
 from lossscale.accumulation import GradientAccumulation
@@ -213,6 +214,19 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._state_checked = False
         self._host_features = self._describe_host_features()
         self._host_call_token = host_call_token()
+        self._construct_only_options = self._options_only_our_construct_honours()
+
+    def _options_only_our_construct_honours(self):
+        """The options given with non-default values that act only in this class's ``construct``, when a subclass
+        overrides it (checked at the first call: :meth:`__call__`); () otherwise."""
+        if type(self).construct is TrainOneStepWithLossScaleCell.construct:
+            return ()
+        given = {"drop_overflow_update": not self._drop_overflow_update, "clip_global_norm": self.clipper is not None,
+                 "accumulation_steps": self.accumulation is not None,
+                 "overflow_policy": self.persistent_overflow.policy != "skip",
+                 "debug_overflow": self.forensics is not None, "extra_outputs": self._extra_outputs,
+                 "lr_per_micro_batch": self._lr_per_micro_batch}
+        return tuple(f"{name}={getattr(self, name)!r}" for name, is_given in given.items() if is_given)
 
     def _describe_host_features(self):
         """What runs on the host after each call ("" if nothing): only ``__call__`` runs it."""
@@ -330,6 +344,10 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.loss_scaler.check_update_cell_owner()
         if not self._state_checked:
             self.check_state()
+        if self._construct_only_options:
+            self.compile(*args, **kwargs)  # what the call compiles anyway: tells whether our construct runs
+            refuse_options_without_construct(type(self), self._host_call_token, self._construct_only_options)
+            self._construct_only_options = ()
         scale_used = self.get_loss_scale() if self.persistent_overflow.active else None
         with host_call(self._host_call_token):
             outputs = super().__call__(*args, **kwargs)
@@ -356,6 +374,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     # ---- graph -------------------------------------------------------------------------------
     def construct(self, *inputs):
+        if self._construct_only_options:
+            mark_own_construct_traced(self._host_call_token)
         if self._reassigned_options:
             refuse_reassigned_options(self._reassigned_options)
         if self._host_features:

@@ -660,6 +660,37 @@ def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itsel
         NoConstruct(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)))
 
 
+class ExtendsOurConstruct(TrainOneStepWithLossScaleCell):
+    """A subclass whose construct runs ours and adds to it (here: the loss returned in float64)."""
+
+    def construct(self, *inputs):
+        loss, overflow, scale = super().construct(*inputs)
+        return ops.cast(loss, mstype.float64), overflow, scale
+
+
+def test_options_only_our_construct_honours_are_refused_for_a_subclass_that_never_runs_it():
+    """clip_global_norm or overflow_policy given to a subclass whose construct never runs ours did nothing, silently
+    (MindSporeBody's construct neither clips nor counts). Now a RuntimeError at the first call, naming them, before
+    anything runs. A subclass whose construct runs ours (super().construct) gets them: it trains as our cell."""
+    options = dict(clip_global_norm=0.01, overflow_policy="warn", max_consecutive_overflows=3)
+    net = regression_net()
+    body = MindSporeBody(net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(),
+                         **options)
+    before = training_state(body)
+    with pytest.raises(RuntimeError, match=r"clip_global_norm=0.01, overflow_policy='warn' would have no effect: "
+                                           r"MindSporeBody.construct does not run TrainOneStepWithLossScaleCell"):
+        body(*map(Tensor, regression_batches(1)[0]))
+    assert changed_since(before, body) == []
+    runs = []
+    for cls in (TrainOneStepWithLossScaleCell, ExtendsOurConstruct):
+        net = regression_net()
+        cell = cls(net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(), **options)
+        runs.append((train_calls(cell, regression_batches(3), inject={1})[1], training_state(net)))
+    (ours_flags, ours_state), (extended_flags, extended_state) = runs
+    assert extended_flags == ours_flags == [False, True, False]
+    assert all(np.array_equal(extended_state[name], value) for name, value in ours_state.items())
+
+
 # ---- property-based invariants -----------------------------------------------------------------------------
 
 _PROPERTY_POLICY = dict(init_loss_scale=2**6, scale_factor=2, scale_window=2, hysteresis=2, min_loss_scale=2.0,
