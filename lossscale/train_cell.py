@@ -65,6 +65,11 @@ def _add_mindspore_helpers(cell):
 _BUILT = "the compiled step keeps the value the cell was built with; build a new cell."
 
 
+def _overrides_construct(cell):
+    """Whether ``cell``'s class has a ``construct`` of its own (a subclass's, which may or may not run ours)."""
+    return type(cell).construct is not TrainOneStepWithLossScaleCell.construct
+
+
 def _built_option(name, getter=None):
     """An option as the cell was built: read-only (``_BUILT``), since this class's ``construct`` keeps the value.
 
@@ -80,7 +85,7 @@ def _built_option(name, getter=None):
         return assigned[name] if name in assigned else fixed.fget(self)
 
     def assign(self, value):
-        if type(self).construct is TrainOneStepWithLossScaleCell.construct:
+        if not _overrides_construct(self):
             fixed.fset(self, value)
         self._subclass_options = {**self._subclass_options, name: value}
         self._reassigned_options = tuple(self._subclass_options)
@@ -219,7 +224,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def _options_only_our_construct_honours(self):
         """The options given with non-default values that act only in this class's ``construct``, when a subclass
         overrides it (checked at the first call: :meth:`__call__`); () otherwise."""
-        if type(self).construct is TrainOneStepWithLossScaleCell.construct:
+        if not _overrides_construct(self):
             return ()
         given = {"drop_overflow_update": not self._drop_overflow_update, "clip_global_norm": self.clipper is not None,
                  "accumulation_steps": self.accumulation is not None,
