@@ -217,13 +217,14 @@ def checkpoint_choice(cell):
 
     The float32 accumulators of ``accumulation_steps > 1`` are zero at a window boundary, where a
     checkpoint does not need them (a cell built fresh has them zero). Mid-window they hold the partial
-    sums and are kept, so that resuming there is exact. The window position is read now (one host
-    sync): build the function right before saving. Without accumulation it keeps everything.
+    sums and are kept, so that resuming there is exact. The window position is read when a save asks about
+    an accumulator (a host sync each), so one function serves every later save. Without accumulation it
+    keeps everything.
     """
     _check_train_cell(cell)
-    at_boundary = cell.accumulation is None or _count(cell.accumulation.micro_step) == 0
+    window = cell.accumulation
 
     def choose(name):
-        return not (at_boundary and name.startswith(ACCUMULATOR_PREFIX))
+        return window is None or not name.startswith(ACCUMULATOR_PREFIX) or _count(window.micro_step) != 0
 
     return choose

@@ -342,7 +342,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def checkpoint_choice(self):
         """A ``choice_func`` for ``mindspore.save_checkpoint`` that leaves out the accumulators when they are
-        empty (:func:`lossscale.checkpoints.checkpoint_choice`; one host sync)."""
+        empty, at each save it serves (:func:`lossscale.checkpoints.checkpoint_choice`)."""
         return checkpoint_choice(self)
 
     def __call__(self, *args, **kwargs):
