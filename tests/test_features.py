@@ -668,6 +668,20 @@ class ExtendsOurConstruct(TrainOneStepWithLossScaleCell):
         return ops.cast(loss, mstype.float64), overflow, scale
 
 
+@pytest.mark.parametrize("option, value", [("drop_overflow_update", False), ("accumulation_steps", 2),
+                                           ("overflow_policy", "raise"), ("debug_overflow", True),
+                                           ("extra_outputs", True), ("clip_global_norm", 1.0)])
+def test_each_option_only_our_construct_honours_is_named_when_refused(option, value):
+    """Each option that acts only in our construct, alone, refused for a subclass that never runs it (nothing runs)."""
+    net = regression_net()
+    body = MindSporeBody(net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(),
+                         **{option: value})
+    before = training_state(body)
+    with pytest.raises(RuntimeError, match=f"^{option}={value!r} would have no effect"):
+        body(*map(Tensor, regression_batches(1)[0]))
+    assert changed_since(before, body) == []
+
+
 def test_options_only_our_construct_honours_are_refused_for_a_subclass_that_never_runs_it():
     """clip_global_norm or overflow_policy given to a subclass whose construct never runs ours did nothing, silently
     (MindSporeBody's construct neither clips nor counts). Now a RuntimeError at the first call, naming them, before
