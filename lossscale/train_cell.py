@@ -208,7 +208,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
         refuse_nn_optimizer_options(optimizer, {"extra_outputs": self._extra_outputs,
                                                 "lr_per_micro_batch": self._lr_per_micro_batch})
-        self._norm_decides = self.clipper is not None and self.loss_scaler.check.name != _overflow.ASCEND_SATURATION
+        self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
@@ -235,7 +235,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
     def _describe_host_features(self):
         """What runs on the host after each call ("" if nothing): only ``__call__`` runs it."""
-        features = [f"overflow_policy={self.persistent_overflow.policy!r}"] if self.persistent_overflow.active else []
+        features = [f"overflow_policy={self.overflow_policy!r}"] if self.persistent_overflow.active else []
         return " and ".join(features + (["debug_overflow=True"] if self.forensics is not None else []))
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
