@@ -165,6 +165,38 @@ def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
     _same_training_state(control, scaled)  # moments and step counts untouched on the skipped iteration
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_scheduler_stepped_every_iteration_advances_over_a_skipped_step_as_in_pytorch(compiled):
+    """PyTorch's recipe with a learning-rate scheduler: ``scaler.step(optimizer)``, ``scaler.update()``, then
+    ``scheduler.step()`` every iteration, skipped or not. A PyTorch-style optimizer with its scheduler trains as
+    a control run that skips the same iteration and steps its scheduler alike, and a step compiled at the first
+    rate uses each rate the scheduler sets later (the last one is 0: the weights stop moving)."""
+    rates = (1.0, 1.0, 1.0, 0.5, 0.0)  # of lr=0.1 per iteration; iteration SKIP_ITER (2) overflows
+    runs = []
+    for scaled in (False, True):
+        net = regression_net()
+        opt = ms.experimental.optim.SGD(net.trainable_params(), lr=0.1)
+        scheduler = ms.experimental.optim.lr_scheduler.LambdaLR(  # MindSpore passes the epoch as a Tensor
+            opt, lambda epoch: rates[min(int(epoch), len(rates) - 1)])
+        scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
+        step = _basic(scaler, net, opt) if scaled else _control(net, opt)
+        step = ms.jit(step) if compiled else step
+        weights = []
+        for i, (x, y) in enumerate(_batches(len(rates))):
+            step(x, y, Tensor(i == SKIP_ITER))
+            scheduler.step()
+            weights.append(training_state(net))
+        runs.append(weights)
+        assert scheduler.get_last_lr()[0] == 0.0
+    control, scaled = runs
+    for i, (expected, actual) in enumerate(zip(control, scaled)):
+        for name, value in expected.items():
+            np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-7, err_msg=f"iteration {i}: {name}")
+    moved = [not all(np.array_equal(before[name], after[name]) for name in before)
+             for before, after in zip(scaled, scaled[1:])]
+    assert moved == [True, False, True, False]  # iterations 1-4: skipped at 2, rate 0 at 4
+
+
 def test_accumulation_over_two_micro_batches():
     """PyTorch's test_grad_scaling_accumulation: scale each micro-loss, step and update once per window."""
     control_net, net = regression_net(), regression_net()
