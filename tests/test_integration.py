@@ -169,18 +169,21 @@ def test_model_skipped_batches_match_a_model_that_never_saw_them():
 
 
 def test_model_in_dataset_sink_mode_matches_step_by_step_training():
+    """On CPU MindSpore's Model trains without sinking: the same steps, and callbacks still see every one."""
     x, x_bad, y = _classification_data_with_inf()
 
     def train(sink):
         net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
         manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=3)
         model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager)
-        model.train(2, _dataset(x_bad, y), dataset_sink_mode=sink)
-        return snapshot(net), manager, model.train_network
+        recorder = StepRecorder()
+        model.train(2, _dataset(x_bad, y), callbacks=[recorder], dataset_sink_mode=sink)
+        return snapshot(net), manager, model.train_network, recorder.rows
 
-    sunk, manager, train_network = train(sink=True)
-    stepped, _, _ = train(sink=False)
+    sunk, manager, train_network, sunk_rows = train(sink=True)
+    stepped, _, _, stepped_rows = train(sink=False)
     flags = [step % 8 == 2 for step in range(16)]
+    assert sunk_rows == stepped_rows and [overflow for overflow, _ in sunk_rows] == flags
     assert train_network.overflow_counters() == {"steps": 16, "skipped_steps": 2, "consecutive_overflows": 0,
                                                  "last_overflow_step": 11}
     assert manager.get_loss_scale() == run(manager.policy, flags)[-1].scale
