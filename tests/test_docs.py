@@ -19,6 +19,15 @@ def test_quickstart_model_example_runs(tmp_path, monkeypatch, capsys):
     assert "'acc':" in out and (tmp_path / "steps.csv").exists()
 
 
+def test_readme_example_runs():
+    """The README's example builds its Model (its training is left as a comment there)."""
+    (block,) = re.findall(r"```python\n(.*?)```", _read("README.md"), re.S)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)  # pylint: disable=exec-used
+    assert namespace["manager"].get_loss_scale() == 2.0**24  # MindSpore's default, as its comment says
+    assert namespace["model"].train_network.loss_scaling_manager is not None
+
+
 def test_migration_examples_run(tmp_path, capsys):
     """Every lossscale example of the migration guide runs as written and prints what its comments say.
 
