@@ -670,7 +670,8 @@ class ExtendsOurConstruct(TrainOneStepWithLossScaleCell):
 
 @pytest.mark.parametrize("option, value", [("drop_overflow_update", False), ("accumulation_steps", 2),
                                            ("overflow_policy", "raise"), ("debug_overflow", True),
-                                           ("extra_outputs", True), ("clip_global_norm", 1.0)])
+                                           ("extra_outputs", True), ("clip_global_norm", 1.0),
+                                           ("lr_per_micro_batch", True)])
 def test_each_option_only_our_construct_honours_is_named_when_refused(option, value):
     """Each option that acts only in our construct, alone, refused for a subclass that never runs it (nothing runs)."""
     net = regression_net()
