@@ -81,9 +81,9 @@ def _check_rule_state(cell, scale):
         check_fixed_state({"loss_scale": scale}, update_cell.loss_scale_value, name="scale_sense")
     for name, count in cell.overflow_counters().items():
         check_int_in_range(f"loss_scale_{name}", count, low=0, high=INT32_MAX)
-    if cell.accumulation is not None:
-        check_int_in_range(MICRO_STEP, _count(cell.accumulation.micro_step), low=0,
-                           high=cell.accumulation.steps - 1)
+    window = _accumulation_of(cell)
+    if window is not None:
+        check_int_in_range(MICRO_STEP, _count(window.micro_step), low=0, high=window.steps - 1)
 
 
 def restore_loss_scale(cell, param_dict):
@@ -131,6 +131,12 @@ def restore_loss_scale(cell, param_dict):
         raise
     cell.state_checked()
     return sorted(wanted)
+
+
+def _accumulation_of(cell):
+    """The train cell's accumulation part, or None: as built, whatever a subclass assigned to ``cell.accumulation``
+    for its own construct (model-zoo accumulation cells keep a bool flag there; it was an AttributeError)."""
+    return cell._accumulation  # pylint: disable=protected-access
 
 
 def _check_train_cell(cell):
@@ -187,11 +193,12 @@ def _refuse_lost_window(cell, param_dict):
     if done == 0:
         return
     where = f"the checkpoint was saved inside an accumulation window ({MICRO_STEP}={done})"
-    if cell.accumulation is None:
+    window = _accumulation_of(cell)
+    if window is None:
         raise ValueError(f"{where}, but this train cell has no accumulation (accumulation_steps=1): the window's "
                          f"{done} micro-batch(es) would be lost. Resume with the accumulation_steps it was saved "
                          f"with, or from a checkpoint saved at a window boundary.")
-    missing = [p.name for p in cell.accumulation.accumulators if p.name not in param_dict]
+    missing = [p.name for p in window.accumulators if p.name not in param_dict]
     if missing:
         raise ValueError(f"{where} without its partial sums ({', '.join(missing)}): the window's mean would miss "
                          f"{done} micro-batch(es). Save mid-window checkpoints with the accumulators (the train "
@@ -222,7 +229,7 @@ def checkpoint_choice(cell):
     keeps everything.
     """
     _check_train_cell(cell)
-    window = cell.accumulation
+    window = _accumulation_of(cell)
 
     def choose(name):
         return window is None or not name.startswith(ACCUMULATOR_PREFIX) or _count(window.micro_step) != 0

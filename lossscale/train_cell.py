@@ -196,9 +196,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self.scale_sense = self.loss_scaler.scale_value
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
         self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
-        self.accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
-        if self.accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
-            self.loss_scaler.update_cell.bind_micro_step(self.accumulation.micro_step)  # for the manager's counts
+        self._accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
+        if self._accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
+            self.loss_scaler.update_cell.bind_micro_step(self._accumulation.micro_step)  # for the manager's counts
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
@@ -227,7 +227,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if not _overrides_construct(self):
             return ()
         given = {"drop_overflow_update": not self._drop_overflow_update, "clip_global_norm": self.clipper is not None,
-                 "accumulation_steps": self.accumulation is not None,
+                 "accumulation_steps": self._accumulation is not None,
                  "overflow_policy": self.persistent_overflow.policy != "skip",
                  "debug_overflow": self.forensics is not None, "extra_outputs": self._extra_outputs,
                  "lr_per_micro_batch": self._lr_per_micro_batch}
@@ -279,7 +279,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     debug_overflow = _built_option("debug_overflow", lambda self: self.forensics is not None)
     overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
                                 doc="Forensics reports of overflowing steps (debug_overflow=True).")
-    accumulators = property(lambda self: self.accumulation.accumulators,
+    # The accumulation part (None without one). Model-zoo accumulation cells assign the name as a flag of their own.
+    accumulation = _built_option("accumulation")
+    accumulators = property(lambda self: self._accumulation.accumulators,
                             doc="The float32 accumulators (float64 for float64 weights).")
     steps = property(lambda self: self.counters.steps, doc="Counter Parameter: optimizer steps (windows).")
     skipped_steps = property(lambda self: self.counters.skipped_steps, doc="Counter Parameter: skipped steps.")
@@ -391,11 +393,11 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
         grads = self.grad(self.network, self.weights)(*inputs, self.loss_scaler.sens(loss, scaling_sens))
         if self.forensics is not None:
-            keep = self._false if self.accumulation is None else self.accumulation.micro_step > 0
+            keep = self._false if self._accumulation is None else self._accumulation.micro_step > 0
             grads = ops.depend(grads, self.forensics.record(grads, loss, keep))
         if not self._optimizer_unscales:
             grads = self.loss_scaler.unscale(grads, scaling_sens)
-        if self.accumulation is not None:
+        if self._accumulation is not None:
             return self._accumulation_step(loss, status, grads, scaling_sens, saved)
         grads = self.grad_reducer(grads)
         flag = self._zero if self._norm_decides and not self._custom_status else self._flag(status, grads)
@@ -441,18 +443,18 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if self.running_statistics is not None:
             # This micro-batch's own running statistics go if its own loss or gradients overflowed (on this rank).
             micro_flag = ops.depend(micro_flag, self._restore_statistics_if(micro_flag != self._zero, saved))
-        window_flag, micro, last = self.accumulation.add(grads, micro_flag)
+        window_flag, micro, last = self._accumulation.add(grads, micro_flag)
         if last:
-            mean = self.grad_reducer(self.accumulation.mean(self.weights))
+            mean = self.grad_reducer(self._accumulation.mean(self.weights))
             # Finite micro-batch gradients can still sum to inf in float32: the window's mean is checked too.
             window_flag = window_flag + _overflow.nonfinite_indicator(self.hyper_map, mean)
             overflow, norm, learning_rate = self._finish_step(window_flag, mean)
-            overflow = ops.depend(overflow, self.accumulation.reset())
+            overflow = ops.depend(overflow, self._accumulation.reset())
             if self._lr_per_micro_batch and self._drop_overflow_update:  # a skipped window's last micro-batch counts
                 overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
                                                                ops.cast(overflow, mstype.int32)))
         else:
-            done = self.accumulation.carry(window_flag, micro)
+            done = self._accumulation.carry(window_flag, micro)
             if self._lr_per_micro_batch:
                 done = ops.depend(done, ops.assign_add(self.optimizer.global_step, Tensor(1, mstype.int32)))
             overflow = ops.depend(self._false, done)

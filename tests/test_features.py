@@ -22,6 +22,7 @@ from lossscale import (
     Model,
     TrainOneStepWithLossScaleCell,
     build_train_network,
+    restore_loss_scale,
 )
 from lossscale.clipping import global_norm
 from lossscale.policy import run
@@ -601,11 +602,12 @@ def test_a_model_zoo_subclass_that_assigns_the_update_cell_again_trains_like_the
 
 class OwnOptions(TrainOneStepWithLossScaleCell):
     """As mindone's ``TrainOneStepWrapper`` (a subclass of MindSpore's cell): it assigns ``drop_overflow_update``
-    (and here ``accumulation_steps``) for its own construct, which applies an overflowed step when
-    ``drop_overflow_update`` is False."""
+    (and, as model-zoo accumulation cells, ``accumulation`` and ``accumulation_steps``) for its own construct,
+    which applies an overflowed step when ``drop_overflow_update`` is False."""
 
     def __init__(self, network, optimizer, scale_sense, drop_overflow_update=True, gradient_accumulation_steps=1):
         super().__init__(network, optimizer, scale_sense)
+        self.accumulation = False  # model-zoo TrainAccuStepsWithLossScaleCell: True while accumulating
         self.drop_overflow_update = drop_overflow_update
         self.accumulation_steps = gradient_accumulation_steps
 
@@ -628,25 +630,30 @@ class OwnOptionsCallingOurConstruct(OwnOptions):
 
 
 @pytest.mark.parametrize("drop", [True, False])
-def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itself(drop):
+def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itself(drop, tmp_path):
     """Assigning drop_overflow_update or accumulation_steps after building was an AttributeError (the options are
     read-only for our construct), so mindone's TrainOneStepWrapper and model-zoo accumulation cells could not be
-    built on our cell. With a construct of their own the names are theirs: the attributes read their values, and
-    their compiled construct uses them (an injected inf is applied when their drop_overflow_update is False).
+    built on our cell; and the zoo's flag ``accumulation = False`` made the first call an AttributeError ('bool'
+    object has no attribute 'micro_step'), in the state check. With a construct of their own the names are theirs:
+    the attributes read their values, their compiled construct uses them (an injected inf is applied when their
+    drop_overflow_update is False), and our checks and checkpoints see the cell as built (no accumulation).
     A subclass that assigns them but runs our construct is refused before anything runs; one without a
     construct of its own still gets the AttributeError."""
     net = regression_net()
     cell = OwnOptions(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)), drop_overflow_update=drop,
                       gradient_accumulation_steps=2)
-    assert cell.drop_overflow_update is drop and cell.accumulation_steps == 2 and cell.accumulation is None
-    _, flags, _ = train_calls(cell, regression_batches(2), inject={1})
+    assert cell.drop_overflow_update is drop and cell.accumulation_steps == 2 and cell.accumulation is False
+    _, flags, _ = train_calls(cell, regression_batches(2), inject={1})  # its state checked first: no accumulation
     assert flags == [False, True]
     weights = [p.asnumpy() for p in net.trainable_params()]
     assert all(np.isfinite(w).all() for w in weights) is drop  # the overflowed step applied only when not dropped
+    path = str(tmp_path / "own_options.ckpt")
+    ms.save_checkpoint(cell, path, choice_func=cell.checkpoint_choice())
+    assert "scale_sense" in restore_loss_scale(cell, ms.load_checkpoint(path))
 
     calling_ours = OwnOptionsCallingOurConstruct(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)))
     before = training_state(calling_ours)
-    with pytest.raises(RuntimeError, match="assigned drop_overflow_update, accumulation_steps after "
+    with pytest.raises(RuntimeError, match="assigned accumulation, drop_overflow_update, accumulation_steps after "
                                            "TrainOneStepWithLossScaleCell.__init__ and still runs"):
         calling_ours(*map(Tensor, regression_batches(1)[0]))
     assert changed_since(before, calling_ours) == []
