@@ -194,6 +194,24 @@ def test_scale_is_read_from_a_cell_that_does_not_return_it(outputs, make_cell):
     assert record["overflow"] == isinstance(outputs, tuple)
 
 
+class ZooAccumulationStep(LossOnlyStep):
+    """Model-zoo accumulation cells (TrainAccuStepsWithLossScaleCell) keep a bool flag named ``accumulation``."""
+
+    def __init__(self, outputs):
+        super().__init__(outputs)
+        self.accumulation = False
+
+
+def test_a_cell_whose_accumulation_is_a_flag_of_its_own_gets_a_row_per_call():
+    monitor = LossScaleMonitor(print_summary=False)
+    cell = ZooAccumulationStep(None)
+    monitor.on_train_begin(_context(None, cell))
+    for overflow in (False, True):
+        monitor.on_train_step_end(_context((Tensor(np.float32(0.5)), Tensor(overflow), Tensor(np.float32(8.0))), cell))
+    monitor.on_train_end(_context(None, cell))
+    assert [record["overflow"] for record in monitor.records] == [False, True] and monitor.open_window is None
+
+
 def test_one_row_per_optimizer_step_under_accumulation():
     """4 micro-batches per step, an inf in windows 1 and 3 of 4: 2 of 4 optimizer steps skipped (50%), where
     counting calls would give 2 of 16 (12.5%)."""
