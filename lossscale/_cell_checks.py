@@ -138,10 +138,12 @@ def refuse_options_without_construct(cell_class, token, options):
 def refuse_reassigned_options(names):
     """Graph (compile time): a subclass assigned these options after building and still runs the train cell's own
     ``construct``, which keeps the values the cell was built with (see ``train_cell._built_option``)."""
+    option = next((name for name in names if name != "accumulation"), "accumulation_steps")
+    part = " (the accumulation part is built from accumulation_steps)" if "accumulation" in names else ""
     raise RuntimeError(
         f"this cell's class assigned {', '.join(names)} after TrainOneStepWithLossScaleCell.__init__ and still runs "
-        f"TrainOneStepWithLossScaleCell.construct, which keeps the values the cell was built with: pass them to "
-        f"__init__ instead (super().__init__(network, optimizer, scale_sense, {names[0]}=...)), or name the "
+        f"TrainOneStepWithLossScaleCell.construct, which keeps the values the cell was built with: give the options "
+        f"to __init__ instead (super().__init__(network, optimizer, scale_sense, {option}=...)){part}, or name the "
         f"subclass's own attributes differently.")
 
 
