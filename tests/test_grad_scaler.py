@@ -178,7 +178,7 @@ def test_a_scheduler_stepped_every_iteration_advances_over_a_skipped_step_as_in_
         opt = ms.experimental.optim.SGD(net.trainable_params(), lr=0.1)
         scheduler = ms.experimental.optim.lr_scheduler.LambdaLR(  # MindSpore passes the epoch as a Tensor
             opt, lambda epoch: rates[min(int(epoch), len(rates) - 1)])
-        scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1)
+        scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1) if scaled else None  # the control has none
         step = _basic(scaler, net, opt) if scaled else _control(net, opt)
         step = ms.jit(step) if compiled else step
         weights = []
