@@ -728,6 +728,84 @@ def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
     assert (changed_since(before, net) == []) == distributed  # skipped: nothing changed
 
 
+def _built_in_data_parallel(build):
+    """``build()`` in data-parallel mode (its all-reduce is then part of what it compiles), the mode reset after."""
+    context.set_auto_parallel_context(parallel_mode="data_parallel")
+    try:
+        return build()
+    finally:
+        context.reset_auto_parallel_context()
+
+
+# Per iteration of the GradScaler test below: (call unscale_, the call that hears of another rank's overflow).
+_REMOTE_OVERFLOW_AT = [(True, "unscale_"), (True, "step"), (False, "step"), (False, "update"), (True, None)]
+
+
+def test_each_grad_scaler_call_all_reduces_its_decision_in_data_parallel():
+    """docs/distributed.md: unscale_, step and update each all-reduce one scalar decision. Called from Python each
+    is a graph of its own, so the stand-in can report another rank's overflow to one call at a time while this
+    rank's gradients are finite: an overflow heard by unscale_ or by step (after unscale_ or not) skips the step
+    and backs off; heard by update only, the step was applied and the scale still backs off, as on that rank."""
+    net = regression_net()
+    optimizer = nn.SGD(net.trainable_params(), 0.05)
+    scaler = _built_in_data_parallel(lambda: GradScaler("cpu", init_scale=1024.0))
+    remote = RemoteRankFlag(0.0)
+    scaler._core.allreduce = remote  # pylint: disable=protected-access
+
+    def scaled_loss(x, y):
+        return scaler.scale(net(x, y))
+
+    grad_fn = ms.value_and_grad(scaled_loss, None, optimizer.parameters)
+
+    def heard_by(call, this, result):
+        remote.remote.set_data(Tensor(np.float32(np.nan if call == this else 0.0)))
+        return result()
+
+    skips, scales, moved = [], [], []
+    for (x, y), (unscale, this) in zip(BATCHES, _REMOTE_OVERFLOW_AT):
+        before = training_state(net)
+        grads = grad_fn(Tensor(x), Tensor(y))[1]
+        if unscale:
+            grads = heard_by("unscale_", this, lambda g=grads: scaler.unscale_(g))
+        skips.append(bool(heard_by("step", this, lambda g=grads: scaler.step(optimizer, g)).asnumpy()))
+        heard_by("update", this, scaler.update)
+        scales.append(scaler.get_scale())
+        moved.append(changed_since(before, net) != [])
+    assert skips == [True, True, True, False, False]
+    assert moved == [False, False, False, True, True]
+    assert scales == [512.0, 256.0, 128.0, 64.0, 64.0]
+
+
+@pytest.mark.parametrize("remote", [0.0, np.nan], ids=["clean", "overflow_on_another_rank"])
+@pytest.mark.parametrize("minimize", [False, True], ids=["apply_gradients", "minimize"])
+def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_parallel(remote, minimize):
+    """The LossScaleOptimizer's decision is all-reduced too (docs/distributed.md): finite gradients here and an
+    overflow on another rank skip the step and back off. ``minimize`` reduces its gradients itself; the stand-in
+    for that reducer passes them through."""
+    net = regression_net()
+    optimizer = _built_in_data_parallel(lambda: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05),
+                                                                    initial_scale=1024.0))
+    optimizer._core.allreduce = RemoteRankFlag(remote)  # pylint: disable=protected-access
+    optimizer._grad_reducer = ops.identity  # pylint: disable=protected-access
+    x, y = (Tensor(a) for a in BATCHES[0])
+
+    def loss():
+        return net(x, y)
+
+    def scaled_loss():
+        return optimizer.get_scaled_loss(loss())
+
+    before = training_state(net)
+    if minimize:
+        optimizer.minimize(loss)
+    else:
+        grads = ms.value_and_grad(scaled_loss, None, optimizer.parameters)()[1]
+        optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+    overflow = bool(np.isnan(remote))
+    assert (changed_since(before, net) == []) == overflow
+    assert float(optimizer.loss_scale.asnumpy()) == (512.0 if overflow else 1024.0)
+
+
 def test_pipeline_parallel_is_refused_with_what_to_use():
     net = regression_net()
     context.set_auto_parallel_context(pipeline_stages=2)
