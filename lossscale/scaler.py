@@ -156,11 +156,33 @@ def _sum_tree(tree):
     return tree
 
 
-def _is_parallel():
-    """True in every parallel mode but stand-alone (MindSpore's own train cell's rule)."""
+def _parallel_mode():
     from mindspore import context  # pylint: disable=import-outside-toplevel
 
-    return context.get_auto_parallel_context("parallel_mode") != ParallelMode.STAND_ALONE
+    return context.get_auto_parallel_context("parallel_mode")
+
+
+def _is_parallel():
+    """True in every parallel mode but stand-alone (MindSpore's own train cell's rule)."""
+    return _parallel_mode() != ParallelMode.STAND_ALONE
+
+
+@constexpr
+def _refuse_parallel_mode_set_after_build(built_distributed):
+    """RuntimeError, while tracing, if a LossScaler built in stand-alone mode is compiled in a parallel mode.
+
+    What runs over the ranks is decided when things are built, by MindSpore's rule too: the overflow flag's
+    all-reduce here, the gradient reducer of a train cell (MindSpore's ``TrainOneStepCell.__init__``) and of
+    ``LossScaleOptimizer.minimize``. Built before ``set_auto_parallel_context``, each rank would decide and
+    (there) step on its own gradients: the ranks' weights diverge without an error (measured under msrun).
+    The other way round (built parallel, compiled stand-alone) the all-reduce has no group and fails loudly."""
+    if not built_distributed and _is_parallel():
+        raise RuntimeError(f"lossscale's loss scaling (a train cell, GradScaler or LossScaleOptimizer) was built in "
+                           f"stand-alone mode but is compiled with parallel_mode={_parallel_mode()!r}: each rank "
+                           f"would decide its overflow alone, and a train cell or LossScaleOptimizer.minimize would "
+                           f"not reduce the gradients either, so the ranks' weights would diverge. Build it (and "
+                           f"Model) after mindspore.set_auto_parallel_context(parallel_mode=...).")
+    return True
 
 
 def positive_scale(name, value):
@@ -321,7 +343,9 @@ class LossScaler(nn.Cell):
         return _sum_tree(self.hyper_map(_loss_term, loss))
 
     def is_overflow(self, flag):
-        """``flag != 0`` after summing it over all ranks in any parallel mode (one 4-byte all-reduce)."""
+        """``flag != 0`` after summing it over all ranks in any parallel mode (one 4-byte all-reduce). Compiling it
+        in a parallel mode set after this LossScaler was built is a ``RuntimeError``."""
+        _refuse_parallel_mode_set_after_build(self._is_distributed)
         if self._is_distributed:
             flag = self.allreduce(flag)
         return ops.not_equal(flag, self._zero)

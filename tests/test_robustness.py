@@ -806,6 +806,47 @@ def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_paralle
     assert float(optimizer.loss_scale.asnumpy()) == (512.0 if overflow else 1024.0)
 
 
+def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it():
+    """Built in stand-alone mode and compiled after set_auto_parallel_context(data_parallel), each rank decided its
+    overflow alone, and the train cell and LossScaleOptimizer.minimize did not reduce the gradients: under msrun
+    the two ranks' weights diverged without an error (measured; MindSpore's own TrainOneStepCell does the same).
+    Now each is refused while compiling, before anything changes; back in stand-alone mode the same objects
+    train."""
+    net = regression_net()
+    cell = _dynamic_cell(net)
+    optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=1024.0)
+    scaler, torch_optimizer = GradScaler("cpu", init_scale=1024.0), nn.SGD(net.trainable_params(), 0.05)
+    x, y = (Tensor(a) for a in BATCHES[0])
+
+    def loss():
+        return net(x, y)
+
+    def scaled_loss():
+        return scaler.scale(loss())
+
+    grad_fn = ms.value_and_grad(scaled_loss, None, torch_optimizer.parameters)
+
+    def torch_step():
+        skipped = scaler.step(torch_optimizer, grad_fn()[1])
+        scaler.update()
+        return skipped
+
+    steps = {"train cell": lambda: cell(x, y)[1], "minimize": lambda: optimizer.minimize(loss), "GradScaler": torch_step}
+    before = training_state(net)
+    context.set_auto_parallel_context(parallel_mode="data_parallel")
+    try:
+        for name, step in steps.items():
+            with pytest.raises(RuntimeError, match="built in stand-alone mode but is compiled with "
+                                                   "parallel_mode='data_parallel'.*after mindspore.set_auto_parallel"):
+                step()
+            assert changed_since(before, net) == [], name
+    finally:
+        context.reset_auto_parallel_context()
+    assert [bool(step().asnumpy()) for step in steps.values()] == [False] * 3
+    assert (cell.get_loss_scale(), float(optimizer.loss_scale.asnumpy()), scaler.get_scale()) == (2.0**12, 1024.0, 1024.0)
+    assert changed_since(before, net) != []
+
+
 def test_pipeline_parallel_is_refused_with_what_to_use():
     net = regression_net()
     context.set_auto_parallel_context(pipeline_stages=2)
