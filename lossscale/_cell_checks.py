@@ -22,6 +22,9 @@ def check_train_arguments(network, optimizer, scale_sense):
                         f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}.")
     if not isinstance(scale_sense, (nn.Cell, Tensor)):
         raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
+    from lossscale.scaler import rule_scale  # pylint: disable=import-outside-toplevel
+
+    rule_scale(scale_sense, "scale_sense")
     refuse_sparse_gradients_on_cpu(network)
 
 

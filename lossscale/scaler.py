@@ -199,6 +199,30 @@ def positive_scale(name, value):
     return positive_float32(name, array.reshape(-1)[0])
 
 
+def rule_scale(rule, argument="rule"):
+    """``(initial scale, scale shape)`` of a ``rule`` that is not a LossScalePolicy: an update Cell, a float
+    Tensor of shape () or (1,), or a number. ``TypeError``/``ValueError`` naming ``argument`` otherwise (the
+    train cell checks its ``scale_sense`` with it).
+
+    Example:
+        >>> rule_scale(Tensor(np.float32(8.0)))
+        (8.0, ())
+    """
+    if isinstance(rule, nn.Cell):
+        if not hasattr(rule, "get_loss_scale"):
+            raise TypeError(f"'{argument}' Cell must have a get_loss_scale() method (an update cell), "
+                            f"but got {type(rule).__name__}.")
+        return positive_scale(argument, rule.get_loss_scale()), ()
+    if isinstance(rule, Tensor):
+        if rule.shape not in ((), (1,)):
+            raise ValueError(f"'{argument}' Tensor must have shape () or (1,), but got shape {rule.shape}.")
+        return positive_scale(argument, rule), rule.shape
+    if isinstance(rule, numbers.Real) and not isinstance(rule, bool):
+        return positive_scale(argument, rule), ()
+    raise TypeError(f"'{argument}' must be an update Cell, a LossScalePolicy, a number or a Tensor, "
+                    f"but got {type(rule).__name__}.")
+
+
 class LossScaler(nn.Cell):
     """The loss-scaling core: the scale, its update rule and the backend's overflow check.
 
@@ -288,19 +312,8 @@ class LossScaler(nn.Cell):
             if mutable_rule:
                 cell.hold_rule_in_parameters()
             return cell, cell.get_loss_scale(), ()
-        if isinstance(rule, nn.Cell):
-            if not hasattr(rule, "get_loss_scale"):
-                raise TypeError(f"'scale_sense' Cell must have a get_loss_scale() method (an update cell), "
-                                f"but got {type(rule).__name__}.")
-            return rule, positive_scale("scale_sense", rule.get_loss_scale()), ()
-        if isinstance(rule, Tensor):
-            if rule.shape not in ((), (1,)):
-                raise ValueError(f"'scale_sense' Tensor must have shape () or (1,), but got shape {rule.shape}.")
-            return None, positive_scale("scale_sense", rule), rule.shape
-        if isinstance(rule, numbers.Real) and not isinstance(rule, bool):
-            return None, positive_scale("loss_scale", rule), ()
-        raise TypeError(f"'scale_sense' must be an update Cell, a LossScalePolicy, a number or a Tensor, "
-                        f"but got {type(rule).__name__}.")
+        initial, shape = rule_scale(rule)
+        return (rule if isinstance(rule, nn.Cell) else None), initial, shape
 
     # ---- graph methods ------------------------------------------------------------------------
     def scale(self, outputs, scale=None):

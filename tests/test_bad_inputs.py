@@ -265,11 +265,10 @@ CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np
 def test_loss_scaler(name, value):
     arguments = {"rule": 1024.0, name: value}
     shown = not isinstance(value, (Tensor, nn.Cell))
-    expected = {"rule": ("scale_sense", "loss_scale")}.get(name, (name,))
     with pytest.raises((TypeError, ValueError)) as refused:
         LossScaler(arguments.pop("rule"), **arguments)
     message = str(refused.value)
-    assert any(word in message for word in expected), message
+    assert f"'{name}'" in message, message  # 'scale_sense' or 'loss_scale' for 'rule' before
     if shown and name == "rule" and isinstance(value, float):
         assert f"{value!r}" in message or str(value) in message
 
