@@ -53,7 +53,7 @@ def _refused(call, name, value, shown=True):
     with pytest.raises((TypeError, ValueError)) as refused:
         call()
     message = str(refused.value)
-    assert name in message, message
+    assert f"'{name}'" in message, message
     if shown and not isinstance(value, (list, Tensor)) and value is not None:
         spellings = {repr(value), str(value), type(value).__name__}
         if isinstance(value, float):
