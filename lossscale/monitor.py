@@ -94,6 +94,8 @@ def _check_csv_path(csv_path):
     if csv_path is not None and (isinstance(csv_path, bool) or not isinstance(csv_path, (str, os.PathLike))):
         raise TypeError(f"'csv_path' must be a file path (str or os.PathLike) or None, but got {csv_path!r} of type "
                         f"{type(csv_path).__name__}.")
+    if csv_path is not None and not os.fspath(csv_path):
+        raise ValueError("'csv_path' must be a file path or None, but got '' (no CSV would be written).")
     return csv_path
 
 
@@ -115,6 +117,8 @@ class LossScaleMonitor(Callback):
     Args:
         csv_path (str or os.PathLike, optional): write the records there at the end of training, also
             when ``Model.train`` stops with an exception (e.g. :class:`lossscale.PersistentOverflowError`).
+            It is also written at the beginning (the header, and the rows of any earlier training), so a
+            path that cannot be written fails before the first step, as Keras' ``CSVLogger``.
         print_summary (bool): print a one-paragraph summary at the end (also then). Default True.
         stream: a text file for the summary (default ``sys.stdout``).
 
@@ -171,6 +175,8 @@ class LossScaleMonitor(Callback):
                              "overflow": overflow, "skipped_steps": skipped, "next_loss_scale": after})
 
     def on_train_begin(self, run_context):
+        if self.csv_path:  # an unwritable path fails here, not after the whole training
+            self.write_csv(self.csv_path)
         self._train_network = getattr(run_context.original_args(), "train_network", None)
         self._scale_before = cell_loss_scale(self._train_network)
         self._window_losses = []

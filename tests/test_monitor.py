@@ -298,12 +298,27 @@ def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
     assert "1 steps, 1 skipped" in stream.getvalue() and len(monitor.records) == 1
 
 
+def test_a_csv_path_that_cannot_be_written_fails_before_the_first_step(tmp_path):
+    """It failed at the end of training, after every step had run: Model.train raised there, and the lines after
+    it in a script (saving the weights) never ran. Now the monitor writes the file when training begins (Keras'
+    CSVLogger opens its file then too), and a folder given as the path fails before any step."""
+    model, data = _classifier(np.random.RandomState(0).randn(16, 4).astype(np.float32),
+                              loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8))
+    weights = [p.asnumpy().copy() for p in model.train_network.trainable_params()]
+    monitor = LossScaleMonitor(csv_path=str(tmp_path), print_summary=False)
+    with pytest.raises(IsADirectoryError):
+        model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
+    assert monitor.records == []
+    assert all(np.array_equal(p.asnumpy(), w) for p, w in zip(model.train_network.trainable_params(), weights))
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
+    ({"csv_path": ""}, "'csv_path' must be a file path or None, but got ''"),
     ({"csv_path": True}, "'csv_path' must be a file path"),
     ({"csv_path": 3}, "'csv_path' must be a file path"),
     ({"print_summary": "yes"}, "'print_summary' must be a bool"),
     ({"stream": "stdout"}, "'stream' must have a write"),
 ])
 def test_bad_arguments_are_refused(kwargs, pattern):
-    with pytest.raises(TypeError, match=pattern):
+    with pytest.raises((TypeError, ValueError), match=pattern):
         LossScaleMonitor(**kwargs)
