@@ -106,6 +106,15 @@ def _check_stream(stream):
     return stream
 
 
+def _open_csv(path, mode):
+    """``path`` opened as a CSV file in ``mode``, its missing folders created first (as MindSpore's
+    ``ModelCheckpoint`` does for its directory)."""
+    folder = os.path.dirname(os.fspath(_check_csv_path(path)))
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    return open(path, mode, newline="", encoding="utf-8")  # pylint: disable=consider-using-with
+
+
 class LossScaleMonitor(Callback):
     """Record, per optimizer step, the loss, the loss scale used, the overflow flag and the skip count.
 
@@ -117,8 +126,8 @@ class LossScaleMonitor(Callback):
     Args:
         csv_path (str or os.PathLike, optional): write the records there at the end of training, also
             when ``Model.train`` stops with an exception (e.g. :class:`lossscale.PersistentOverflowError`).
-            It is also written at the beginning (the header, and the rows of any earlier training), so a
-            path that cannot be written fails before the first step, as Keras' ``CSVLogger``.
+            It is also opened when training begins (to append, so nothing is written or truncated): a path
+            that cannot be written fails before the first step, as Keras' ``CSVLogger`` opens its file then.
         print_summary (bool): print a one-paragraph summary at the end (also then). Default True.
         stream: a text file for the summary (default ``sys.stdout``).
 
@@ -176,7 +185,7 @@ class LossScaleMonitor(Callback):
 
     def on_train_begin(self, run_context):
         if self.csv_path:  # an unwritable path fails here, not after the whole training
-            self.write_csv(self.csv_path)
+            _open_csv(self.csv_path, "a").close()
         self._train_network = getattr(run_context.original_args(), "train_network", None)
         self._scale_before = cell_loss_scale(self._train_network)
         self._window_losses = []
@@ -275,10 +284,7 @@ class LossScaleMonitor(Callback):
     def write_csv(self, path):
         """Write :attr:`records` as CSV with the columns :data:`FIELDS`, creating the missing folders (as
         MindSpore's ``ModelCheckpoint`` does for its directory)."""
-        folder = os.path.dirname(os.fspath(_check_csv_path(path)))
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        with open(path, "w", newline="", encoding="utf-8") as handle:
+        with _open_csv(path, "w") as handle:
             writer = csv.DictWriter(handle, fieldnames=FIELDS)
             writer.writeheader()
             writer.writerows(self.records)

@@ -300,8 +300,9 @@ def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
 
 def test_a_csv_path_that_cannot_be_written_fails_before_the_first_step(tmp_path):
     """It failed at the end of training, after every step had run: Model.train raised there, and the lines after
-    it in a script (saving the weights) never ran. Now the monitor writes the file when training begins (Keras'
-    CSVLogger opens its file then too), and a folder given as the path fails before any step."""
+    it in a script (saving the weights) never ran. Now the monitor opens the file when training begins (Keras'
+    CSVLogger does too), and a folder given as the path fails before any step. A file already there is kept as it
+    is until the end (a run killed in between leaves it)."""
     model, data = _classifier(np.random.RandomState(0).randn(16, 4).astype(np.float32),
                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**8))
     weights = [p.asnumpy().copy() for p in model.train_network.trainable_params()]
@@ -310,6 +311,10 @@ def test_a_csv_path_that_cannot_be_written_fails_before_the_first_step(tmp_path)
         model.train(1, data, callbacks=[monitor], dataset_sink_mode=False)
     assert monitor.records == []
     assert all(np.array_equal(p.asnumpy(), w) for p, w in zip(model.train_network.trainable_params(), weights))
+    earlier = tmp_path / "earlier.csv"
+    earlier.write_text("an earlier run's rows\n", encoding="utf-8")
+    LossScaleMonitor(csv_path=str(earlier)).on_train_begin(_context(None, None))
+    assert earlier.read_text(encoding="utf-8") == "an earlier run's rows\n"
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
