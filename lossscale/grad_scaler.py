@@ -133,6 +133,12 @@ def _spelling(args, kwargs):
 
 
 @constexpr
+def _refuse_loss_scale_optimizer():
+    raise TypeError("'optimizer' is a LossScaleOptimizer, which scales the loss and unscales the gradients itself: "
+                    "give the GradScaler its inner_optimizer, or train with the LossScaleOptimizer alone.")
+
+
+@constexpr
 def _refuse_optimizer_loss_scale(loss_scale):
     if float(loss_scale) != 1.0:
         raise ValueError(f"'optimizer.loss_scale' is {float(loss_scale)!r}: the optimizer would divide the gradients "
@@ -425,7 +431,7 @@ class GradScaler:
         gradients since, e.g. clamping), also skipping if ``grads`` now hold inf/nan;
         otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
         a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
-        an optimizer built with its own ``loss_scale``, and gradients whose shapes are not those
+        an optimizer built with its own ``loss_scale`` or a ``LossScaleOptimizer``, and gradients whose shapes are not those
         of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
         function MindSpore refuses them while compiling). A list is applied as a tuple (MindSpore's
         optimizers take tuples). Called from Python, an optimizer that raises leaves the iteration as
@@ -434,6 +440,8 @@ class GradScaler:
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return ops.depend(Tensor(False), optimizer(tuple(grads)))
+        if hasattr(optimizer, "get_unscaled_gradients"):
+            _refuse_loss_scale_optimizer()
         _refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
         parameters = getattr(optimizer, "parameters", None)
         if parameters is None:

@@ -1596,6 +1596,25 @@ def test_optimizer_with_its_own_loss_scale_is_refused():
     assert changed_since(before, net) == []
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_loss_scale_optimizer_given_to_step_is_refused_naming_its_inner_optimizer(compiled):
+    """Its scale made the refusal say "Build it without 'loss_scale'", an argument a LossScaleOptimizer does not
+    have; at a scale of 1 it was accepted, and two loss scalers then decided each step."""
+    scaler = GradScaler("cuda")
+    net = regression_net()
+    wrapped = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), dynamic=False, initial_scale=1.0)
+    _, grads = _grad_fn(scaler, net, wrapped.inner_optimizer)(*_batches(1)[0])
+
+    def step(optimizer, gradients):
+        return scaler.step(optimizer, gradients)
+
+    step = ms.jit(step) if compiled else step
+    before = training_state(net)
+    with pytest.raises(TypeError, match="'optimizer' is a LossScaleOptimizer.*give the GradScaler its inner_optimizer"):
+        _read(step(wrapped, grads))
+    assert changed_since(before, net) == []
+
+
 class _OptimizerWithoutParameters(nn.Cell):
     """A hand-written optimizer Cell that keeps its Parameters under another name."""
 
