@@ -1596,25 +1596,6 @@ def test_optimizer_with_its_own_loss_scale_is_refused():
     assert changed_since(before, net) == []
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-def test_a_loss_scale_optimizer_given_to_step_is_refused_naming_its_inner_optimizer(compiled):
-    """Its scale made the refusal say "Build it without 'loss_scale'", an argument a LossScaleOptimizer does not
-    have; at a scale of 1 it was accepted, and two loss scalers then decided each step."""
-    scaler = GradScaler("cuda")
-    net = regression_net()
-    wrapped = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), dynamic=False, initial_scale=1.0)
-    _, grads = _grad_fn(scaler, net, wrapped.inner_optimizer)(*_batches(1)[0])
-
-    def step(optimizer, gradients):
-        return scaler.step(optimizer, gradients)
-
-    step = ms.jit(step) if compiled else step
-    before = training_state(net)
-    with pytest.raises(TypeError, match="'optimizer' is a LossScaleOptimizer.*give the GradScaler its inner_optimizer"):
-        _read(step(wrapped, grads))
-    assert changed_since(before, net) == []
-
-
 class _OptimizerWithoutParameters(nn.Cell):
     """A hand-written optimizer Cell that keeps its Parameters under another name."""
 
@@ -1626,12 +1607,26 @@ class _OptimizerWithoutParameters(nn.Cell):
         return self.hyper_map(ops.assign_sub, self.params, grads)
 
 
+def _without_parameters(net):
+    return _OptimizerWithoutParameters(net.trainable_params())
+
+
+def _loss_scale_optimizer(net):
+    return LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), dynamic=False, initial_scale=1.0)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-def test_an_optimizer_without_parameters_is_refused_by_name_before_anything_is_recorded(compiled):
-    """It gave "The 'X' object has no attribute 'parameters'" from inside step() (compiled: a ClassMember error)."""
+@pytest.mark.parametrize("make_bad, pattern", [
+    (_without_parameters, "'optimizer' must hold its Parameters in 'parameters'"),
+    (_loss_scale_optimizer, "'optimizer' is a LossScaleOptimizer.*give the GradScaler its inner_optimizer"),
+], ids=["without_parameters", "loss_scale_optimizer"])
+def test_an_optimizer_step_cannot_use_is_refused_by_name_before_anything_is_recorded(make_bad, pattern, compiled):
+    """Without ``parameters``: "The 'X' object has no attribute 'parameters'" from inside step() (compiled: a
+    ClassMember error). A LossScaleOptimizer: its scale made the refusal say "Build it without 'loss_scale'", an
+    argument it does not have; at a scale of 1 it was accepted, and two loss scalers then decided each step."""
     scaler = GradScaler("cuda")
     net = regression_net()
-    bad, good = _OptimizerWithoutParameters(net.trainable_params()), nn.SGD(net.trainable_params(), 0.05)
+    bad, good = make_bad(net), nn.SGD(net.trainable_params(), 0.05)
     _, grads = _grad_fn(scaler, net, good)(*_batches(1)[0])
 
     def step(optimizer, gradients):
@@ -1639,7 +1634,7 @@ def test_an_optimizer_without_parameters_is_refused_by_name_before_anything_is_r
 
     step = ms.jit(step) if compiled else step
     before = training_state(net)
-    with pytest.raises(TypeError, match="'optimizer' must hold its Parameters in 'parameters'"):
+    with pytest.raises(TypeError, match=pattern):
         _read(step(bad, grads))
     assert changed_since(before, net) == []
     assert not bool(_read(step(good, grads)).asnumpy())  # the same iteration's step is not refused as a second one
