@@ -431,11 +431,11 @@ class GradScaler:
         gradients since, e.g. clamping), also skipping if ``grads`` now hold inf/nan;
         otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
         a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
-        an optimizer built with its own ``loss_scale`` or a ``LossScaleOptimizer``, and gradients whose shapes are not those
-        of ``optimizer.parameters``, one for one (eagerly ``ValueError``; inside a compiled
-        function MindSpore refuses them while compiling). A list is applied as a tuple (MindSpore's
-        optimizers take tuples). Called from Python, an optimizer that raises leaves the iteration as
-        it was before this call, so ``step`` can be called again (as in PyTorch).
+        an optimizer built with its own ``loss_scale`` or a ``LossScaleOptimizer``, and gradients
+        whose shapes are not those of ``optimizer.parameters``, one for one (eagerly ``ValueError``;
+        inside a compiled function MindSpore refuses them while compiling). A list is applied as a
+        tuple (MindSpore's optimizers take tuples). Called from Python, an optimizer that raises leaves
+        the iteration as it was before this call, so ``step`` can be called again (as in PyTorch).
         """
         refuse_non_gradients(grads, "grads")
         if not self._enabled:

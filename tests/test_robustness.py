@@ -831,7 +831,8 @@ def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it()
         scaler.update()
         return skipped
 
-    steps = {"train cell": lambda: cell(x, y)[1], "minimize": lambda: optimizer.minimize(loss), "GradScaler": torch_step}
+    steps = {"train cell": lambda: cell(x, y)[1], "minimize": lambda: optimizer.minimize(loss),
+             "GradScaler": torch_step}
     before = training_state(net)
     context.set_auto_parallel_context(parallel_mode="data_parallel")
     try:
@@ -843,7 +844,8 @@ def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it()
     finally:
         context.reset_auto_parallel_context()
     assert [bool(step().asnumpy()) for step in steps.values()] == [False] * 3
-    assert (cell.get_loss_scale(), float(optimizer.loss_scale.asnumpy()), scaler.get_scale()) == (2.0**12, 1024.0, 1024.0)
+    scales = (cell.get_loss_scale(), float(optimizer.loss_scale.asnumpy()), scaler.get_scale())
+    assert scales == (2.0**12, 1024.0, 1024.0)
     assert changed_since(before, net) != []
 
 
