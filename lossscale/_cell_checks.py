@@ -21,11 +21,27 @@ def check_train_arguments(network, optimizer, scale_sense):
         raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding its Parameters in "
                         f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}.")
     if not isinstance(scale_sense, (nn.Cell, Tensor)):
-        raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}.")
+        raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}."
+                        f"{_scale_sense_hint(scale_sense)}")
     from lossscale.scaler import rule_scale  # pylint: disable=import-outside-toplevel
 
     rule_scale(scale_sense, "scale_sense")
     refuse_sparse_gradients_on_cpu(network)
+
+
+def _scale_sense_hint(scale_sense):
+    """What to give instead of ``scale_sense`` when it is a manager, a number or a rule (the usual mix-ups)."""
+    from lossscale.policy import LossScalePolicy  # pylint: disable=import-outside-toplevel
+
+    if callable(getattr(scale_sense, "get_update_cell", None)):
+        return (" Give the manager's update cell: manager.get_update_cell() (Model(loss_scale_manager=...) takes "
+                "managers).")
+    if isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
+        return (f" For a fixed scale give FixedLossScaleUpdateCell({scale_sense!r}) or Tensor({scale_sense!r}, "
+                f"mindspore.float32).")
+    if isinstance(scale_sense, LossScalePolicy):
+        return " For a rule give DynamicLossScaleUpdateCell.from_policy(policy)."
+    return ""
 
 
 def is_parameter_optimizer(optimizer):

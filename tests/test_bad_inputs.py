@@ -207,6 +207,16 @@ def test_train_cell(name, value):
     _refused(lambda: _cell(**{name: value}), name, value, shown=not isinstance(value, (Tensor, nn.Cell, type)))
 
 
+@pytest.mark.parametrize("given, advice", [
+    (DynamicLossScaleManager(), r"Give the manager's update cell: manager.get_update_cell\(\)"),
+    (1024.0, r"For a fixed scale give FixedLossScaleUpdateCell\(1024.0\) or Tensor\(1024.0, mindspore.float32\)"),
+    (get_preset("pytorch"), r"For a rule give DynamicLossScaleUpdateCell.from_policy\(policy\)"),
+], ids=["manager", "number", "rule"])
+def test_a_scale_sense_of_another_kind_is_refused_saying_what_to_give(given, advice):
+    with pytest.raises(TypeError, match=r"'scale_sense' must be an update Cell or a Tensor, but got \w+\. " + advice):
+        _cell(scale_sense=given)
+
+
 @pytest.mark.parametrize("value", ["3", True, 1.5, 0, -1], ids=repr)
 def test_train_cell_max_consecutive_overflows(value):
     _refused(lambda: _cell(overflow_policy="raise", max_consecutive_overflows=value), "max_consecutive_overflows",
