@@ -217,6 +217,18 @@ def test_a_scale_sense_of_another_kind_is_refused_saying_what_to_give(given, adv
         _cell(scale_sense=given)
 
 
+def test_an_update_cell_given_as_loss_scale_manager_is_refused_saying_what_to_give():
+    from lossscale import Model  # pylint: disable=import-outside-toplevel
+
+    net = nn.Dense(4, 2)
+    cell = DynamicLossScaleUpdateCell(2.0, 2, 2)
+    advice = r"but got DynamicLossScaleUpdateCell\. An update cell is what a manager makes: give the manager"
+    with pytest.raises(TypeError, match=advice):
+        Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=cell)
+    with pytest.raises(TypeError, match=advice):
+        build_train_network(net, nn.SGD(net.trainable_params(), 0.1), nn.MSELoss(), loss_scale_manager=cell)
+
+
 @pytest.mark.parametrize("value", ["3", True, 1.5, 0, -1], ids=repr)
 def test_train_cell_max_consecutive_overflows(value):
     _refused(lambda: _cell(overflow_policy="raise", max_consecutive_overflows=value), "max_consecutive_overflows",
