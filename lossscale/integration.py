@@ -75,8 +75,10 @@ def _check_build_arguments(network, optimizer, level, kwargs):
         check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
     manager = kwargs.get("loss_scale_manager")
     if manager is not None and not isinstance(manager, LossScaleManager):
-        advice = (" An update cell is what a manager makes: give the manager (e.g. DynamicLossScaleManager(...)), or "
-                  "build TrainOneStepWithLossScaleCell with the update cell." if hasattr(manager, "get_loss_scale") else "")
+        advice = ""
+        if hasattr(manager, "get_loss_scale"):
+            advice = (" An update cell is what a manager makes: give the manager (e.g. DynamicLossScaleManager(...)), "
+                      "or build TrainOneStepWithLossScaleCell with the update cell.")
         raise TypeError(f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, "
                         f"but got {type(manager).__name__}.{advice}")
     if _ms_amp._get_pipeline_stages() > 1:  # pylint: disable=protected-access
