@@ -145,7 +145,17 @@ def _check_train_cell(cell):
 
     if not isinstance(cell, TrainOneStepWithLossScaleCell):
         raise TypeError(f"'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got {type(cell).__name__}: "
-                        f"a bare network's weights load with mindspore.load_param_into_net.")
+                        f"{_what_loads_instead(cell)}")
+
+
+def _what_loads_instead(cell):
+    """How the state of something that is not a train cell loads (a front-end, or a bare network)."""
+    if hasattr(cell, "get_unscaled_gradients"):
+        return ("a LossScaleOptimizer's scale is one of its Parameters: mindspore.load_param_into_net(optimizer, "
+                "checkpoint) loads it.")
+    if type(cell).__module__.startswith("lossscale.") and callable(getattr(cell, "load_state_dict", None)):
+        return f"a {type(cell).__name__}'s state loads with its load_state_dict(state_dict)."
+    return "a bare network's weights load with mindspore.load_param_into_net."
 
 
 def _check_restore_arguments(cell, param_dict):

@@ -300,7 +300,15 @@ def _refusal_cases():
         ((cell, None), TypeError, "'param_dict' must be a dict of Parameter names to values.*got NoneType"),
         ((cell, [("scale_sense", 8.0)]), TypeError, "'param_dict' must be a dict.*got list"),
         ((cell.network, {"scale_sense": 8.0}), TypeError, "'cell' must be a lossscale.TrainOneStepWithLossScaleCell, "
-                                                          "but got WithLossCell"),
+                                                          "but got WithLossCell: a bare network's weights load with "
+                                                          "mindspore.load_param_into_net"),
+        ((GradScaler(), {"scale_sense": 8.0}), TypeError, "but got GradScaler: a GradScaler's state loads with its "
+                                                          "load_state_dict"),
+        ((DynamicLossScaleManager(), {}), TypeError, "but got DynamicLossScaleManager: a DynamicLossScaleManager's "
+                                                     "state loads with its load_state_dict"),
+        ((LossScaleOptimizer(nn.SGD(cell.network.trainable_params(), 0.1)), {}), TypeError,
+         "but got LossScaleOptimizer: a LossScaleOptimizer's scale is one of its Parameters: "
+         "mindspore.load_param_into_net\\(optimizer, checkpoint\\)"),
         ((cell, {"loss_scale_good_steps": np.int32(1), "scale_sense": "8"}), TypeError,
          "the checkpoint's 'scale_sense' must hold numbers, but got '8' of type str"),
         ((cell, {"loss_scale_good_steps": np.float32(1.5)}), ValueError, int32 + ", but got 1.5"),
