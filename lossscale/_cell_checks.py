@@ -1,6 +1,7 @@
 """Argument checks of the train cell that need MindSpore (the framework-free ones are in ``_validation``)."""
 import contextlib
 import itertools
+import numbers
 
 import numpy as np
 from mindspore import Parameter, Tensor, get_context, nn, ops
@@ -36,7 +37,7 @@ def _scale_sense_hint(scale_sense):
     if callable(getattr(scale_sense, "get_update_cell", None)):
         return (" Give the manager's update cell: manager.get_update_cell() (Model(loss_scale_manager=...) takes "
                 "managers).")
-    if isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
+    if isinstance(scale_sense, numbers.Real) and not isinstance(scale_sense, bool):
         return (f" For a fixed scale give FixedLossScaleUpdateCell({scale_sense!r}) or Tensor({scale_sense!r}, "
                 f"mindspore.float32).")
     if isinstance(scale_sense, LossScalePolicy):
