@@ -150,7 +150,9 @@ def _check_train_cell(cell):
 
 def _what_loads_instead(cell):
     """How the state of something that is not a train cell loads (a front-end, or a bare network)."""
-    if hasattr(cell, "get_unscaled_gradients"):
+    from lossscale.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
+
+    if isinstance(cell, LossScaleOptimizer):
         return ("a LossScaleOptimizer's scale is one of its Parameters: mindspore.load_param_into_net(optimizer, "
                 "checkpoint) loads it.")
     if type(cell).__module__.startswith("lossscale.") and callable(getattr(cell, "load_state_dict", None)):

@@ -1,6 +1,8 @@
 """Train cell, Model and checkpoints: no silent failure. One regression test per defect of issue 13 (each
 failed on the code before it), checkpoint paths as differential runs against an uninterrupted run; and the
 core's arithmetic, which every front-end shares (float64 gradients)."""
+import contextlib
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -713,18 +715,25 @@ class RemoteRankFlag(nn.Cell):
         return flag + self.remote
 
 
+@contextlib.contextmanager
+def _parallel_mode(mode):
+    """MindSpore's auto-parallel context with ``parallel_mode=mode`` inside the block, reset after it."""
+    context.set_auto_parallel_context(parallel_mode=mode)
+    try:
+        yield
+    finally:
+        context.reset_auto_parallel_context()
+
+
 @pytest.mark.parametrize("mode", ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel",
                                   "auto_parallel"])
 def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
     """As MindSpore's own cell: the decision is all-reduced in every mode but stand-alone, so an overflow on another
     rank skips this one too. (Semi-auto and auto parallel do not run on CPU: the cell is built in the mode, then
     run stand-alone with a stand-in for the collective.)"""
-    context.set_auto_parallel_context(parallel_mode=mode)
-    try:
+    with _parallel_mode(mode):
         net = regression_net()
         cell = _dynamic_cell(net)
-    finally:
-        context.reset_auto_parallel_context()
     distributed = mode != "stand_alone"
     assert cell.loss_scaler.is_distributed == distributed
     if distributed:
@@ -738,11 +747,8 @@ def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
 
 def _built_in_data_parallel(build):
     """``build()`` in data-parallel mode (its all-reduce is then part of what it compiles), the mode reset after."""
-    context.set_auto_parallel_context(parallel_mode="data_parallel")
-    try:
+    with _parallel_mode("data_parallel"):
         return build()
-    finally:
-        context.reset_auto_parallel_context()
 
 
 # Per iteration of the GradScaler test below: (call unscale_, the call that hears of another rank's overflow).
@@ -842,15 +848,12 @@ def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it()
     steps = {"train cell": lambda: cell(x, y)[1], "minimize": lambda: optimizer.minimize(loss),
              "GradScaler": torch_step}
     before = training_state(net)
-    context.set_auto_parallel_context(parallel_mode="data_parallel")
-    try:
+    with _parallel_mode("data_parallel"):
         for name, step in steps.items():
             with pytest.raises(RuntimeError, match="built in stand-alone mode but is compiled with "
                                                    "parallel_mode='data_parallel'.*after mindspore.set_auto_parallel"):
                 step()
             assert changed_since(before, net) == [], name
-    finally:
-        context.reset_auto_parallel_context()
     assert [bool(step().asnumpy()) for step in steps.values()] == [False] * 3
     scales = (cell.get_loss_scale(), float(optimizer.loss_scale.asnumpy()), scaler.get_scale())
     assert scales == (2.0**12, 1024.0, 1024.0)
