@@ -14,8 +14,8 @@ setup(
     description="Loss scaling for float16 mixed-precision training with MindSpore on CPU, GPU and Ascend",
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    # Tested: MindSpore 2.7.1 on Python 3.9 and 2.10.0 on Python 3.11 in CI (.ci/run); 2.7.1, 2.8.0, 2.9.0 and
-    # 2.10.0 on Python 3.11 and 2.9.0 on Python 3.9 by hand. 2.7.0 crashes (README).
+    # Tested: MindSpore 2.7.1 on Python 3.9 and 2.10.0 on Python 3.11 in CI (.ci/run); 2.7.1, 2.7.2, 2.8.0, 2.9.0
+    # and 2.10.0 on Python 3.11 and 2.9.0 on Python 3.9 by hand. 2.7.0 crashes (README).
     python_requires=">=3.9,<3.12",
     # The repository's models/ folder (demo networks and data) is installed as lossscale_models: nothing
     # goes under a generic top-level name that a user's own models.py or models/ would clash with.
