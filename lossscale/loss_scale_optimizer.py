@@ -45,7 +45,7 @@ from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
 from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_non_gradients,
-                              refuse_non_sequence, refuse_non_tensor_entries)
+                              refuse_non_sequence, refuse_non_tensor_entries, warn_if_scaled_outside_differentiation)
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -341,7 +341,8 @@ class LossScaleOptimizer(nn.Cell):
         """``loss * loss_scale`` (promoted to at least float32); a callable returns a callable doing that.
 
         A non-finite loss is multiplied by nan instead, so every gradient computed from it is nan and
-        ``apply_gradients`` skips them; nothing is recorded for a later iteration."""
+        ``apply_gradients`` skips them; nothing is recorded for a later iteration. Called from Python
+        outside a function being differentiated, it warns: that scaled loss carries no gradients."""
         if not isinstance(loss, (Tensor, tuple, list)):
             if outside_graph(self._iteration.loss_scaled) and not callable(loss):  # (no callable() in graph syntax)
                 raise ValueError(f"'loss' must be a Tensor or a callable returning one, but got {type(loss).__name__}.")
@@ -350,6 +351,8 @@ class LossScaleOptimizer(nn.Cell):
                 return self.get_scaled_loss(loss())
 
             return scaled_loss
+        if not self._dynamic:  # a fixed scale is a constant of the core: the core cannot tell Python from a graph
+            warn_if_scaled_outside_differentiation(self._iteration.loss_scaled)
         scaled = self._core.scale(loss)
         self._iteration.record_scaled()
         return scaled

@@ -39,6 +39,8 @@ Example:
     ([1.0, 2.0], False)
 """
 import numbers
+import sys
+import warnings
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -49,7 +51,7 @@ from mindspore.ops import constexpr
 
 from lossscale import overflow as _overflow
 from lossscale._naming import check_name
-from lossscale._parameters import read_scalar, write_parameter
+from lossscale._parameters import outside_graph, read_scalar, write_parameter
 from lossscale._validation import check_bool, check_int_in_range, positive_float32, read_only
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
@@ -81,6 +83,39 @@ def _scale_tree(scale, tree, before_backward):
     _check_loss(tree)
     loss = before_backward(tree)
     return _promote(scale + ops.stop_gradient(_overflow.zero_or_nan(loss)), loss)
+
+
+def _differentiating():
+    """Host: whether MindSpore is recording this forward pass for differentiation (PyNative: inside the function
+    given to ``mindspore.value_and_grad``, ``grad``, ``vjp``, ...). True when MindSpore cannot say."""
+    from mindspore.common.api import _pynative_executor  # pylint: disable=import-outside-toplevel
+
+    requires_grad = getattr(_pynative_executor, "requires_grad", None)
+    return True if requires_grad is None else bool(requires_grad())
+
+
+def warn_if_scaled_outside_differentiation(anchor):
+    """Host: warn when a loss is scaled from Python outside a function being differentiated; nothing inside a
+    compiled function (``anchor``: a Parameter, see :func:`lossscale._parameters.outside_graph`).
+
+    Such a scaled loss carries no gradients: gradients computed from the unscaled loss, then divided by
+    the scale, would be applied S times too small without any error (PyTorch's ``scaler.scale(loss)``
+    is followed by ``.backward()``; MindSpore differentiates a function, so the loss must be scaled
+    inside it). Inside ``mindspore.jit`` nothing can tell the two places apart."""
+    if outside_graph(anchor) and not _differentiating():
+        warnings.warn("A loss was scaled from Python outside a function being differentiated: the scaled loss carries "
+                      "no gradients. Scale the loss inside the function you give to mindspore.value_and_grad (return "
+                      "scaler.scale(loss) from it): gradients of the unscaled loss would be divided by the scale and "
+                      "applied that many times too small.", UserWarning, stacklevel=_user_stacklevel())
+    return True
+
+
+def _user_stacklevel():
+    """The ``stacklevel`` of the first caller outside this package (for a warning about the caller's line)."""
+    frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("lossscale."):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _check_loss(loss):
@@ -324,7 +359,13 @@ class LossScaler(nn.Cell):
 
         On Ascend saturation mode the float-status register is cleared when the backward pass of
         the scaled loss begins (after the forward pass), so what gets checked is that backward pass.
+
+        Called from Python outside a function being differentiated, it warns: that scaled loss
+        carries no gradients (:func:`warn_if_scaled_outside_differentiation`; a frozen scale is a
+        constant, which cannot tell Python from a compiled function: its owner warns instead).
         """
+        if not self._frozen:
+            warn_if_scaled_outside_differentiation(self.scale_value)
         scale = self.scale_value.reshape(()) if scale is None else scale
         return _scale_tree(scale, outputs, self.check.before_backward)
 

@@ -2,6 +2,7 @@
 failed on the code before it), checkpoint paths as differential runs against an uninterrupted run; and the
 core's arithmetic, which every front-end shares (float64 gradients)."""
 import contextlib
+import warnings
 
 import mindspore as ms
 import numpy as np
@@ -10,8 +11,8 @@ from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, GradScaler,
-                       LossScaleOptimizer, LossScaler, Model, PersistentOverflowError, TrainOneStepWithLossScaleCell,
-                       build_train_network)
+                       LossScaleOptimizer, LossScalePolicy, LossScaler, Model, PersistentOverflowError,
+                       TrainOneStepWithLossScaleCell, build_train_network)
 from lossscale.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
 from nets import (Float64Regression, PlainSGD, changed_since, regression_batches, regression_net, snapshot, train_calls,
                   training_state)
@@ -924,3 +925,106 @@ def test_a_network_with_several_outputs_is_refused_clearly():
     x, y = BATCHES[0]
     with pytest.raises(TypeError, match="the network returned a tuple: a train cell needs .* one Tensor"):
         cell(Tensor(x), Tensor(y))
+
+
+# ---- a loss scaled outside the differentiated function -------------------------------------------------------------
+# Each front-end's scaling call on a fresh object: (name, build(network) -> scale(loss) function).
+_SCALING_CALLS = [
+    ("GradScaler, PyTorch's spelling", lambda net: GradScaler("cpu", init_scale=8.0).scale),
+    ("GradScaler, Paddle's spelling", lambda net: GradScaler(init_loss_scaling=8.0).scale),
+    ("GradScaler, a tuple of losses", lambda net: _first_of_tuple(GradScaler("cpu", init_scale=8.0).scale)),
+    ("LossScaleOptimizer", lambda net: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1),
+                                                          initial_scale=8.0).get_scaled_loss),
+    ("LossScaleOptimizer, fixed", lambda net: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False,
+                                                                 initial_scale=8.0).get_scaled_loss),
+    ("LossScaleOptimizer, a callable", lambda net: _called(LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1),
+                                                                              initial_scale=8.0).get_scaled_loss)),
+    ("LossScaler (the core)", lambda net: LossScaler(LossScalePolicy(init_scale=8.0), name="outside_core").scale),
+]
+
+
+# Named functions, not lambdas: MindSpore's parser needs a lambda on a line of its own.
+def _first_of_tuple(scale):
+    def first(loss):
+        return scale((loss, loss * 0.0))[0]
+
+    return first
+
+
+def _called(get_scaled_loss):
+    def call(loss):
+        def compute():
+            return loss
+
+        return get_scaled_loss(compute)()
+
+    return call
+
+
+def _unscaled(loss):
+    return loss
+
+
+@contextlib.contextmanager
+def _caught_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+@pytest.mark.parametrize("name, build", _SCALING_CALLS, ids=[name for name, _ in _SCALING_CALLS])
+def test_a_loss_scaled_outside_the_differentiated_function_warns_at_the_callers_line(name, build):
+    """PyTorch's habit ``scaler.scale(loss)`` after the gradients were taken: the scaled loss carries no gradients,
+    and the step would apply the unscaled loss's gradients divided by S, S times too small without any error
+    (measured before the warning: a weight moved by 1e-4 instead of 0.1). Each front-end and the core warn, once,
+    pointing at the caller's line; the value is still the scaled loss."""
+    net = nn.Dense(2, 1)
+    scale = build(net)
+    with _caught_warnings() as caught:
+        scaled = scale(Tensor(np.float32(0.5)))
+    assert float(scaled.asnumpy()) == 4.0
+    assert [(w.category, w.filename) for w in caught] == [(UserWarning, __file__)]
+    assert "outside a function being differentiated" in str(caught[0].message)
+
+
+def _gradients_with(scale, net, how):
+    """The gradients of ``scale(loss)`` of ``net`` taken inside the differentiated function: called from Python
+    in PyNative mode (``pynative``) or graph mode (``graph``), or in a compiled step (``jit``)."""
+    x = Tensor(np.array([[1.0, 2.0]], np.float32))
+
+    def forward(x):
+        return scale(net(x).sum())
+
+    grad_fn = ms.value_and_grad(forward, None, net.trainable_params())
+
+    def step(x):
+        return grad_fn(x)[1]
+
+    if how == "pynative":
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        return (ms.jit(step) if how == "jit" else step)(x)
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+
+@pytest.mark.parametrize("how", ["pynative", "graph", "jit"])
+@pytest.mark.parametrize("name, build", _SCALING_CALLS, ids=[name for name, _ in _SCALING_CALLS])
+def test_a_loss_scaled_inside_the_differentiated_function_does_not_warn(name, build, how):
+    """The documented place, in each way of calling it: no warning, and gradients S times the unscaled ones."""
+    net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+    scale = build(net)
+    with _caught_warnings() as caught:
+        grads = _gradients_with(scale, net, how)
+        control = _gradients_with(_unscaled, net, how)
+    assert [str(w.message) for w in caught if "differentiated" in str(w.message)] == []
+    for scaled, unscaled in zip(grads, control):
+        np.testing.assert_array_equal(scaled.asnumpy(), 8.0 * unscaled.asnumpy())
+
+
+def test_a_disabled_scaler_does_not_warn_outside_the_differentiated_function():
+    """A disabled scaler returns the loss as it is and ``step`` applies the gradients as they are: nothing to warn
+    about."""
+    with _caught_warnings() as caught:
+        loss = GradScaler("cpu", enabled=False).scale(Tensor(np.float32(0.5)))
+    assert float(loss.asnumpy()) == 0.5 and caught == []
