@@ -1,11 +1,13 @@
-"""What the GradScaler's first call inside ``mindspore.jit`` is made of: a knock-out ladder (MLP, one process).
+"""What a compiled step's first call is made of: a knock-out ladder (MLP, one process).
 
-    python benchmarks/bench_first_call_ladder.py [--level O0 --rounds 7] [--no-release]
+    python benchmarks/bench_first_call_ladder.py [--step gradscaler|train_cell] [--level O0 --rounds 7] [--no-release]
 
-Each variant is the benchmark's ``gradscaler`` step (``scale``, ``value_and_grad``, ``step``, ``update``; no
-``unscale_``) with features of the current code knocked out by replacing functions in this process only, so
-the variants measure what a feature costs to compile. They are measurements, not configurations: a knocked-out
-scaler trains wrongly in the cases its feature exists for.
+Each variant is one of the benchmark's steps with features of the current code knocked out by replacing
+functions in this process only, so the variants measure what a feature costs to compile. They are
+measurements, not configurations: a knocked-out step trains wrongly in the cases its feature exists for.
+
+``--step gradscaler`` (the default): the benchmark's ``gradscaler`` step in ``mindspore.jit`` (``scale``,
+``value_and_grad``, ``step``, ``update``; no ``unscale_``):
 
   0.1.0                        lossscale 0.1.0's GradScaler (benchmarks/release.py; needs git history)
   current                      the current GradScaler
@@ -16,6 +18,17 @@ scaler trains wrongly in the cases its feature exists for.
   - non-finite loss term       scale() multiplies by S alone (a non-finite loss with finite gradients applies)
   - all four                   every knock-out above at once
 
+``--step train_cell``: the benchmark's ``lossscale`` step (``build_train_network`` with a
+``DynamicLossScaleManager``):
+
+  0.1.0                        lossscale 0.1.0's train cell
+  current                      the current train cell
+  - non-finite loss flag       a non-finite loss with finite gradients no longer counts as an overflow
+  - overflow counters          no step / skipped / consecutive-overflow counters
+  - MindSpore's update cell    ``nn.DynamicLossScaleUpdateCell`` instead of ours (no hysteresis, no
+                               min/max scale, growth to inf)
+  - all three                  every knock-out above at once
+
 Each round builds every variant afresh, in rotating order, and times its first call (compile and first step);
 the table gives the median over rounds and the ratio to 0.1.0 (or to the current code with --no-release).
 """
@@ -23,11 +36,49 @@ import argparse
 import statistics
 import sys
 
-from bench_step import _gradscaler_step, warm_runtime
+from bench_step import _gradscaler_step, build_lossscale, build_release, warm_runtime
 from common import first_call_seconds, make_inputs
 
 
-def _knock_outs():
+def _replacing(originals, ladder):
+    """``(ladder, restore)``, ``restore`` a callable putting ``originals`` (``{(owner, name): value}``) back."""
+
+    def restore():
+        for (owner, name), value in originals.items():
+            setattr(owner, name, value)
+
+    return ladder, restore
+
+
+def _train_cell_knock_outs():
+    """The train cell's ladder (see the module docstring), as :func:`_gradscaler_knock_outs`."""
+    import mindspore as ms
+    from lossscale import bookkeeping, managers, train_cell
+
+    cell_class = train_cell.TrainOneStepWithLossScaleCell
+    originals = {(cell_class, "_with_loss_flag"): cell_class.__dict__["_with_loss_flag"],
+                 (bookkeeping.OverflowCounters, "count"): bookkeeping.OverflowCounters.__dict__["count"],
+                 (managers.DynamicLossScaleManager, "get_update_cell"):
+                     managers.DynamicLossScaleManager.__dict__["get_update_cell"]}
+
+    def flag_without_loss(self, flag, loss):  # pylint: disable=unused-argument
+        return flag
+
+    def no_counting(self, overflow, drops_overflow):  # pylint: disable=unused-argument
+        return overflow
+
+    def mindspore_update_cell(self):
+        return ms.nn.DynamicLossScaleUpdateCell(self.get_loss_scale(), self.scale_factor, self.scale_window)
+
+    loss_flag = {(cell_class, "_with_loss_flag"): flag_without_loss}
+    counters = {(bookkeeping.OverflowCounters, "count"): no_counting}
+    update_cell = {(managers.DynamicLossScaleManager, "get_update_cell"): mindspore_update_cell}
+    ladder = {"current": {}, "- non-finite loss flag": loss_flag, "- overflow counters": counters,
+              "- MindSpore's update cell": update_cell, "- all three": {**loss_flag, **counters, **update_cell}}
+    return _replacing(originals, ladder)
+
+
+def _gradscaler_knock_outs():
     """``{name: {function slot: replacement}}`` and a ``restore`` callable putting the originals back."""
     from lossscale import grad_scaler, scaler
     from lossscale.optimizer_states import OptimizerStates
@@ -69,12 +120,7 @@ def _knock_outs():
     ladder = {"current": {}, "- runtime raises": raises, "- after-unscale_ branch": branch,
               "- rule in Parameters": constants, "- non-finite loss term": loss_term,
               "- all four": {**raises, **branch, **constants, **loss_term}}
-
-    def restore():
-        for (owner, name), value in originals.items():
-            setattr(owner, name, value)
-
-    return ladder, restore
+    return _replacing(originals, ladder)
 
 
 def _apply(replacements):
@@ -84,6 +130,7 @@ def _apply(replacements):
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--step", choices=("gradscaler", "train_cell"), default="gradscaler")
     parser.add_argument("--level", choices=("O0", "O2", "O3"), default="O0")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-release", action="store_true", help="without lossscale 0.1.0 (no git needed)")
@@ -94,16 +141,26 @@ def main():
 
     ms.set_context(mode=ms.GRAPH_MODE)
     warm_runtime()
-    ladder, restore = _knock_outs()
+    if args.step == "gradscaler":
+        ladder, restore = _gradscaler_knock_outs()
+
+        def build():
+            return _gradscaler_step(GradScaler, "mlp", args.level)
+    else:
+        ladder, restore = _train_cell_knock_outs()
+
+        def build():
+            return build_lossscale("mlp", args.level)
     builders = {}
-    if not args.no_release:
+    if not args.no_release and args.step == "gradscaler":
         from release import materialise
 
         release_class = materialise().GradScaler
         builders["0.1.0"] = lambda: _gradscaler_step(release_class, "mlp", args.level)
+    elif not args.no_release:
+        builders["0.1.0"] = lambda: build_release("mlp", args.level)
     for name, replacements in ladder.items():
-        builders[name] = lambda replacements=replacements: (
-            _apply(replacements), _gradscaler_step(GradScaler, "mlp", args.level))[1]
+        builders[name] = lambda replacements=replacements: (_apply(replacements), build())[1]
     inputs = make_inputs("mlp")
     seconds = {name: [] for name in builders}
     names = list(builders)
@@ -114,7 +171,7 @@ def main():
             restore()  # a knock-out lives only while its own step compiles
     base_name = "current" if args.no_release else "0.1.0"
     base = statistics.median(seconds[base_name])
-    print(f"| variant (mlp {args.level}, {args.rounds} builds each) | first call s | / {base_name} |")
+    print(f"| {args.step} variant (mlp {args.level}, {args.rounds} builds each) | first call s | / {base_name} |")
     print("|---|---|---|")
     for name, values in seconds.items():
         print(f"| {name} | {statistics.median(values):.3f} | {statistics.median(values) / base:.2f} |")
