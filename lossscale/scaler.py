@@ -101,7 +101,17 @@ def warn_if_scaled_outside_differentiation(anchor):
     Such a scaled loss carries no gradients: gradients computed from the unscaled loss, then divided by
     the scale, would be applied S times too small without any error (PyTorch's ``scaler.scale(loss)``
     is followed by ``.backward()``; MindSpore differentiates a function, so the loss must be scaled
-    inside it). Inside ``mindspore.jit`` nothing can tell the two places apart."""
+    inside it). Inside ``mindspore.jit`` nothing can tell the two places apart.
+
+    Example:
+        >>> import warnings
+        >>> core = LossScaler(8.0, name="doc_outside_differentiation")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     scaled = core.scale(Tensor(np.float32(1.0)))      # not inside value_and_grad's function
+        >>> float(scaled), [w.category.__name__ for w in caught]
+        (8.0, ['UserWarning'])
+    """
     if outside_graph(anchor) and not _differentiating():
         warnings.warn("A loss was scaled from Python outside a function being differentiated: the scaled loss carries "
                       "no gradients. Scale the loss inside the function you give to mindspore.value_and_grad (return "
