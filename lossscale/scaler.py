@@ -112,6 +112,9 @@ def warn_if_scaled_outside_differentiation(anchor):
         >>> float(scaled), [w.category.__name__ for w in caught]
         (8.0, ['UserWarning'])
     """
+    if not isinstance(anchor, Parameter):
+        raise TypeError(f"'anchor' must be a Parameter (one that a compiled function reads as a variable), but got "
+                        f"{type(anchor).__name__}.")
     if outside_graph(anchor) and not _differentiating():
         warnings.warn("A loss was scaled from Python outside a function being differentiated: the scaled loss carries "
                       "no gradients. Scale the loss inside the function you give to mindspore.value_and_grad (return "

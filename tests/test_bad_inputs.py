@@ -23,7 +23,7 @@ from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, Fixe
 from lossscale import overflow
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScaleState
-from lossscale.scaler import refuse_non_gradients
+from lossscale.scaler import refuse_non_gradients, warn_if_scaled_outside_differentiation
 from nets import regression_net
 
 NAN, INF = float("nan"), float("inf")
@@ -457,6 +457,12 @@ def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_st
 def test_what_is_given_where_the_gradients_go(grads, error, pattern):
     with pytest.raises(error, match=pattern):
         refuse_non_gradients(grads, "grads")
+
+
+@pytest.mark.parametrize("anchor", [None, 1.0, Tensor(np.float32(1.0)), np.float32(1.0)], ids=repr)
+def test_the_scaling_warning_needs_a_parameter_anchor(anchor):
+    """A constant anchor cannot tell Python from a compiled function (inside a graph it would run the host check)."""
+    _refused(lambda: warn_if_scaled_outside_differentiation(anchor), "anchor", anchor, shown=False)
 
 
 CHECK_PRIMITIVES = [("FloatStatusCheck", "float_status"), ("AllFiniteCheck", "all_finite"),
