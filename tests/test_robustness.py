@@ -987,9 +987,20 @@ def test_a_loss_scaled_outside_the_differentiated_function_warns_at_the_callers_
     assert "outside a function being differentiated" in str(caught[0].message)
 
 
+@contextlib.contextmanager
+def _mode_of(how):
+    """PyNative mode for ``pynative`` (the forward pass then runs from Python), else graph mode (the tests' own)."""
+    if how == "pynative":
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+
 def _gradients_with(scale, net, how):
     """The gradients of ``scale(loss)`` of ``net`` taken inside the differentiated function: called from Python
-    in PyNative mode (``pynative``) or graph mode (``graph``), or in a compiled step (``jit``)."""
+    (in PyNative mode for ``pynative``, in graph mode for ``graph``) or in a compiled step (``jit``)."""
     x = Tensor(np.array([[1.0, 2.0]], np.float32))
 
     def forward(x):
@@ -1000,21 +1011,16 @@ def _gradients_with(scale, net, how):
     def step(x):
         return grad_fn(x)[1]
 
-    if how == "pynative":
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        return (ms.jit(step) if how == "jit" else step)(x)
-    finally:
-        ms.set_context(mode=ms.GRAPH_MODE)
+    return (ms.jit(step) if how == "jit" else step)(x)
 
 
 @pytest.mark.parametrize("how", ["pynative", "graph", "jit"])
 @pytest.mark.parametrize("name, build", _SCALING_CALLS, ids=[name for name, _ in _SCALING_CALLS])
 def test_a_loss_scaled_inside_the_differentiated_function_does_not_warn(name, build, how):
     """The documented place, in each way of calling it: no warning, and gradients S times the unscaled ones."""
-    net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
-    scale = build(net)
-    with _caught_warnings() as caught:
+    with _mode_of(how), _caught_warnings() as caught:
+        net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+        scale = build(net)
         grads = _gradients_with(scale, net, how)
         control = _gradients_with(_unscaled, net, how)
     assert [str(w.message) for w in caught if "differentiated" in str(w.message)] == []
