@@ -118,8 +118,9 @@ def warn_if_scaled_outside_differentiation(anchor):
     if outside_graph(anchor) and not _differentiating():
         warnings.warn("A loss was scaled from Python outside a function being differentiated: the scaled loss carries "
                       "no gradients. Scale the loss inside the function you give to mindspore.value_and_grad (return "
-                      "scaler.scale(loss) from it): gradients of the unscaled loss would be divided by the scale and "
-                      "applied that many times too small.", UserWarning, stacklevel=_user_stacklevel())
+                      "scaler.scale(loss), or optimizer.get_scaled_loss(loss), from it): gradients of the unscaled loss "
+                      "would be divided by the scale and applied that many times too small.", UserWarning,
+                      stacklevel=_user_stacklevel())
     return True
 
 
