@@ -146,19 +146,20 @@ def main():
 
         def build():
             return _gradscaler_step(GradScaler, "mlp", args.level)
+
+        def build_release_step():
+            from release import materialise
+
+            return _gradscaler_step(materialise().GradScaler, "mlp", args.level)
     else:
         ladder, restore = _train_cell_knock_outs()
 
         def build():
             return build_lossscale("mlp", args.level)
-    builders = {}
-    if not args.no_release and args.step == "gradscaler":
-        from release import materialise
 
-        release_class = materialise().GradScaler
-        builders["0.1.0"] = lambda: _gradscaler_step(release_class, "mlp", args.level)
-    elif not args.no_release:
-        builders["0.1.0"] = lambda: build_release("mlp", args.level)
+        def build_release_step():
+            return build_release("mlp", args.level)
+    builders = {} if args.no_release else {"0.1.0": build_release_step}
     for name, replacements in ladder.items():
         builders[name] = lambda replacements=replacements: (_apply(replacements), build())[1]
     inputs = make_inputs("mlp")

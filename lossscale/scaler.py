@@ -45,6 +45,7 @@ import warnings
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.common import api as _ms_api
 from mindspore.communication.management import GlobalComm
 from mindspore.context import ParallelMode
 from mindspore.ops import constexpr
@@ -85,13 +86,14 @@ def _scale_tree(scale, tree, before_backward):
     return _promote(scale + ops.stop_gradient(_overflow.zero_or_nan(loss)), loss)
 
 
+# PyNative's "is a forward pass being recorded for differentiation" (None if this MindSpore has no such query).
+_REQUIRES_GRAD = getattr(getattr(_ms_api, "_pynative_executor", None), "requires_grad", None)
+
+
 def _differentiating():
     """Host: whether MindSpore is recording this forward pass for differentiation (PyNative: inside the function
     given to ``mindspore.value_and_grad``, ``grad``, ``vjp``, ...). True when MindSpore cannot say."""
-    from mindspore.common.api import _pynative_executor  # pylint: disable=import-outside-toplevel
-
-    requires_grad = getattr(_pynative_executor, "requires_grad", None)
-    return True if requires_grad is None else bool(requires_grad())
+    return True if _REQUIRES_GRAD is None else bool(_REQUIRES_GRAD())
 
 
 def warn_if_scaled_outside_differentiation(anchor):
