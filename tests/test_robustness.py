@@ -1034,3 +1034,53 @@ def test_a_disabled_scaler_does_not_warn_outside_the_differentiated_function():
     with _caught_warnings() as caught:
         loss = GradScaler("cpu", enabled=False).scale(Tensor(np.float32(0.5)))
     assert float(loss.asnumpy()) == 0.5 and caught == []
+
+
+def _train_cell_parts(**options):
+    net = regression_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.02, 0.9)
+    update_cell = options.pop("update_cell", DynamicLossScaleManager(hysteresis=2).get_update_cell())
+    return TrainOneStepWithLossScaleCell(net, optimizer, update_cell, **options), (net, optimizer)
+
+
+def _build_train_network_parts():
+    net = regression_net()
+    optimizer = nn.Momentum(net.trainable_params(), 0.02, 0.9)
+    return build_train_network(net, optimizer, loss_scale_manager=DynamicLossScaleManager()), (net, optimizer)
+
+
+def _loss_scale_optimizer_parts(**options):
+    inner = nn.Adam(regression_net().trainable_params(), 0.01)
+    return LossScaleOptimizer(inner, **options), (inner,)
+
+
+def _grad_scaler_cells(*args):
+    scaler = GradScaler(*args)
+    return scaler._core, scaler._states  # pylint: disable=protected-access
+
+
+# label: () -> (the Cells that hold lossscale's Parameters, the user's Cells inside them, whose Parameters are not ours)
+LOSS_SCALING_OWNERS = {
+    "train cell": lambda: _train_cell_parts(),
+    "train cell, every option": lambda: _train_cell_parts(update_cell=FixedLossScaleUpdateCell(1024.0),
+                                                          accumulation_steps=2, clip_global_norm=1.0,
+                                                          debug_overflow=True),
+    "build_train_network": _build_train_network_parts,
+    "LossScaleOptimizer": lambda: _loss_scale_optimizer_parts(),
+    "LossScaleOptimizer, fixed": lambda: _loss_scale_optimizer_parts(dynamic=False, initial_scale=8.0),
+    "GradScaler": lambda: (_grad_scaler_cells(), ()),
+    "TorchGradScaler": lambda: (_grad_scaler_cells("cpu"), ()),
+}
+
+
+@pytest.mark.parametrize("label", sorted(LOSS_SCALING_OWNERS))
+def test_no_loss_scaling_parameter_is_trainable(label):
+    """The scale, the counters, the rule and the buffers lossscale adds are state, not weights: a trainable one would
+    be in ``trainable_params()``, so an optimizer, ``value_and_grad(..., weights=cell.trainable_params())``, weight
+    decay or an EMA built from them would treat it as a weight."""
+    owners, users = LOSS_SCALING_OWNERS[label]()
+    owners = owners if isinstance(owners, tuple) else (owners,)
+    theirs = {id(parameter) for cell in users for parameter in cell.get_parameters()}
+    ours = [parameter for cell in owners for parameter in cell.get_parameters() if id(parameter) not in theirs]
+    assert ours  # a fixed LossScaleOptimizer holds its scale as a constant, but still its usage flags
+    assert [parameter.name for parameter in ours if parameter.requires_grad] == []
