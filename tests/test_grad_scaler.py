@@ -1212,12 +1212,22 @@ def _float16_round_trip(grads):
     return tuple(ops.cast(ops.cast(grad, ms.float16), grad.dtype) for grad in grads)
 
 
+def _raised_within_the_slack(grads):
+    """Each gradient times 1.005: a global norm above the unscaled one, but by less than NORM_SLACK (1.01)."""
+    return tuple(g * 1.005 for g in grads)
+
+
+def _raised_beyond_the_slack(grads):
+    """Each gradient times 1.02: a global norm above the unscaled one by more than NORM_SLACK (1.01)."""
+    return tuple(g * 1.02 for g in grads)
+
+
 # What PyTorch users do between unscale_ and step besides clipping by global norm (run_scaling_case): none raises
 # the global norm (a float16 round trip only by its rounding, and on these batches it does), so none may be refused
-# by the check that catches the scaled gradients clipped. (Functions, not lambdas: MindSpore's compiler cannot parse
-# a lambda inside a dict.)
+# by the check that catches the scaled gradients clipped; nor a norm raised within the check's slack. (Functions,
+# not lambdas: MindSpore's compiler cannot parse a lambda inside a dict.)
 NORM_KEEPING = {"clamp": _clamped, "centralize": _centralized, "average": _averaged, "mask": _masked,
-                "float16": _float16_round_trip}
+                "float16": _float16_round_trip, "within_slack": _raised_within_the_slack}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -1240,6 +1250,27 @@ def test_changes_between_unscale_and_step_that_keep_the_norm_train_as_a_control(
         assert not bool(_read(step(x, y)).asnumpy())
         control_opt(change(control_fn(x, y)[1]))
     _same_training_state(control_net, net)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_gradients_raised_beyond_the_norm_slack_after_unscale_are_refused(compiled):
+    """The refusal of scaled gradients changed after unscale_() compares global norms with a slack of 1.01 (for
+    float16 rounding): 1.02 times the unscaled gradients is refused before anything is applied, 1.005 times trains
+    (NORM_KEEPING)."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    grad_fn = _grad_fn(scaler, net, opt)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        return scaler.step(opt, _raised_beyond_the_slack(scaler.unscale_(grads)))
+
+    step = ms.jit(step) if compiled else step
+    before = training_state(net)
+    with pytest.raises(RuntimeError, match="larger global norm than the ones unscale_"):
+        _read(step(*_batches(1)[0]))
+    assert changed_since(before, net) == []
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
