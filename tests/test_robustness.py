@@ -1061,12 +1061,12 @@ def _grad_scaler_cells(*args):
 
 # label: () -> (the Cells that hold lossscale's Parameters, the user's Cells inside them, whose Parameters are not ours)
 LOSS_SCALING_OWNERS = {
-    "train cell": lambda: _train_cell_parts(),
+    "train cell": _train_cell_parts,
     "train cell, every option": lambda: _train_cell_parts(update_cell=FixedLossScaleUpdateCell(1024.0),
                                                           accumulation_steps=2, clip_global_norm=1.0,
                                                           debug_overflow=True),
     "build_train_network": _build_train_network_parts,
-    "LossScaleOptimizer": lambda: _loss_scale_optimizer_parts(),
+    "LossScaleOptimizer": _loss_scale_optimizer_parts,
     "LossScaleOptimizer, fixed": lambda: _loss_scale_optimizer_parts(dynamic=False, initial_scale=8.0),
     "GradScaler": lambda: (_grad_scaler_cells(), ()),
     "TorchGradScaler": lambda: (_grad_scaler_cells("cpu"), ()),
