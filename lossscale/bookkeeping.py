@@ -14,13 +14,13 @@ Example:
     {'steps': 0, 'skipped_steps': 0, 'consecutive_overflows': 0, 'last_overflow_step': 0}
 """
 import logging
-import warnings
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale._validation import check_bool, check_int_in_range
+from lossscale._warnings import warn_at_caller
 from lossscale.accumulation import counter
 from lossscale.overflow import nonfinite_per_tensor, zero_or_nan
 
@@ -152,7 +152,7 @@ class PersistentOverflowPolicy:
             raise PersistentOverflowError(message)
         if not self._warned:
             self._warned = True
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warn_at_caller(message, RuntimeWarning)
 
 
 def check_debug_flag(debug_overflow):

@@ -30,7 +30,6 @@ learning-rate schedules keep their pace.
 """
 import functools
 import numbers
-import warnings
 
 import mindspore as ms
 import numpy as np
@@ -41,6 +40,7 @@ from lossscale._cell_checks import is_parameter_optimizer
 from lossscale._naming import claim_name
 from lossscale._parameters import outside_graph, read_scalar, write_parameter
 from lossscale._validation import TypeValueError
+from lossscale._warnings import warn_at_caller
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
@@ -232,10 +232,10 @@ class _IterationFlags(nn.Cell):
             return
         self._usage_checked = True
         if not (bool(self.loss_scaled.asnumpy()) or bool(self.grads_unscaled.asnumpy())):
-            warnings.warn("LossScaleOptimizer applied gradients without get_scaled_loss() and "
-                          "get_unscaled_gradients(): the loss is not scaled, so float16 gradients can underflow. "
-                          "Scale the loss with get_scaled_loss() and unscale the gradients with "
-                          "get_unscaled_gradients(), or use minimize().", UserWarning, stacklevel=4)
+            warn_at_caller("LossScaleOptimizer applied gradients without get_scaled_loss() and "
+                           "get_unscaled_gradients(): the loss is not scaled, so float16 gradients can underflow. "
+                           "Scale the loss with get_scaled_loss() and unscale the gradients with "
+                           "get_unscaled_gradients(), or use minimize().", UserWarning)
 
 
 class _ApplyGradients(nn.Cell):

@@ -39,8 +39,6 @@ Example:
     ([1.0, 2.0], False)
 """
 import numbers
-import sys
-import warnings
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -54,6 +52,7 @@ from lossscale import overflow as _overflow
 from lossscale._naming import check_name
 from lossscale._parameters import outside_graph, read_scalar, write_parameter
 from lossscale._validation import check_bool, check_int_in_range, positive_float32, read_only
+from lossscale._warnings import warn_at_caller
 from lossscale.policy import LossScalePolicy, state_dict_values
 from lossscale.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
                                     check_overflow_argument, mindspore_good_steps)
@@ -118,20 +117,11 @@ def warn_if_scaled_outside_differentiation(anchor):
         raise TypeError(f"'anchor' must be a Parameter (one that a compiled function reads as a variable), but got "
                         f"{type(anchor).__name__}.")
     if outside_graph(anchor) and not _differentiating():
-        warnings.warn("A loss was scaled from Python outside a function being differentiated: the scaled loss carries "
-                      "no gradients. Scale the loss inside the function you give to mindspore.value_and_grad (return "
-                      "scaler.scale(loss), or optimizer.get_scaled_loss(loss), from it): gradients of the unscaled loss "
-                      "would be divided by the scale and applied that many times too small.", UserWarning,
-                      stacklevel=_user_stacklevel())
+        warn_at_caller("A loss was scaled from Python outside a function being differentiated: the scaled loss "
+                       "carries no gradients. Scale the loss inside the function you give to mindspore.value_and_grad "
+                       "(return scaler.scale(loss), or optimizer.get_scaled_loss(loss), from it): gradients of the "
+                       "unscaled loss would be divided by the scale and applied that many times too small.", UserWarning)
     return True
-
-
-def _user_stacklevel():
-    """The ``stacklevel`` of the first caller outside this package (for a warning about the caller's line)."""
-    frame, level = sys._getframe(1), 1  # pylint: disable=protected-access
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("lossscale."):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _check_loss(loss):

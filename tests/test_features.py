@@ -293,7 +293,7 @@ def test_warn_once_and_skip_never_complains():
         warnings.simplefilter("always")
         for _ in range(5):
             step(*bad)
-    assert [str(w.message).split(":")[0] for w in caught] == ["Persistent overflow at step 2"]
+    assert [(str(w.message).split(":")[0], w.filename) for w in caught] == [("Persistent overflow at step 2", __file__)]
     quiet = _policy_step(manager=_dynamic(init_loss_scale=1.0))
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -448,6 +448,18 @@ def test_applying_without_the_scaling_calls_warns_once():
     assert _value(model.var) == 0.0  # the true gradients were applied twice: 1 - 0.5, then 0.5 - 0.5
 
 
+@pytest.mark.parametrize("call", ["apply_gradients", "call"])
+def test_the_warning_without_the_scaling_calls_names_the_callers_line(call):
+    """Through the Cell's __call__ the warning named no file of the user's ('sys', line 1): a fixed stacklevel."""
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.25))
+    _, grads = ms.value_and_grad(model, None, opt.parameters)()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.apply_gradients(grads) if call == "apply_gradients" else opt(grads)  # pylint: disable=expression-not-assigned
+    assert [(w.category, w.filename) for w in caught] == [(UserWarning, __file__)]
+
+
 @pytest.mark.parametrize("entry", [lambda g, v: (g,), lambda g, v: (g, v, v)], ids=["one", "three"])
 def test_keras_pairs_of_other_lengths_are_refused_before_anything_is_applied(entry):
     model = Square()
