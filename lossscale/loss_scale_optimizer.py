@@ -35,6 +35,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
 
 from lossscale._cell_checks import is_parameter_optimizer
 from lossscale._naming import claim_name
@@ -186,6 +187,32 @@ def _gradients_of(grads_and_vars, parameters, argument):
         if grad is None:
             raise ValueError(f"gradient {index} is None: MindSpore optimizers need a gradient for every parameter.")
     return items
+
+
+_APPLY_OPTIONS = {"name": (str, type(None)), "experimental_aggregate_gradients": (bool,)}
+
+
+# check=False: the gradients' values are not constants inside a graph, these options are; see refuse_non_gradients.
+@constexpr(check=False)
+def _check_apply_options(skip_gradients_aggregation, options):
+    """TypeError, while tracing inside a graph, unless the options of tf.keras' ``apply_gradients`` are of their
+    types and known (an unknown or misspelt keyword would change nothing without a word).
+
+    Example:
+        >>> _check_apply_options(True, {"name": "step"})
+        True
+    """
+    if not isinstance(skip_gradients_aggregation, bool):
+        raise TypeError(f"'skip_gradients_aggregation' must be a bool, but got "
+                        f"{type(skip_gradients_aggregation).__name__} {skip_gradients_aggregation!r}.")
+    for name, value in options.items():
+        if name not in _APPLY_OPTIONS:
+            raise TypeError(f"apply_gradients() got an unexpected keyword argument {name!r}: it takes "
+                            f"'skip_gradients_aggregation' and, as tf.keras, {' and '.join(map(repr, _APPLY_OPTIONS))}.")
+        if not isinstance(value, _APPLY_OPTIONS[name]):
+            expected = " or ".join("None" if kind is type(None) else kind.__name__ for kind in _APPLY_OPTIONS[name])
+            raise TypeError(f"'{name}' must be a {expected}, but got {type(value).__name__} {value!r}.")
+    return True
 
 
 def _variable(grads):
@@ -376,7 +403,7 @@ class LossScaleOptimizer(nn.Cell):
         self._iteration.refuse_mismatch()  # from Python, as in _ApplyGradients.__call__
         return super().__call__(_variable(grads))
 
-    def apply_gradients(self, grads_and_vars):
+    def apply_gradients(self, grads_and_vars, skip_gradients_aggregation=False, **kwargs):
         """Apply unscaled gradients (a tuple, or Keras' ``(gradient, variable)`` pairs) unless one is inf/nan,
         then update the scale; return True if the step was skipped.
 
@@ -384,7 +411,14 @@ class LossScaleOptimizer(nn.Cell):
         (``opt.parameters``): a MindSpore optimizer applies its i-th gradient to its i-th parameter.
         From Python they are checked by identity (``ValueError`` before anything is applied); inside
         a compiled function they cannot be, and MindSpore refuses only gradients whose shapes do not
-        fit the optimizer (while compiling)."""
+        fit the optimizer (while compiling).
+
+        tf.keras' signature: ``skip_gradients_aggregation`` (a bool) and the keywords ``name`` (a str)
+        and ``experimental_aggregate_gradients`` (a bool) are accepted and change nothing, since this
+        method never reduces the gradients over the ranks (under data parallel the caller reduces
+        them, as for any MindSpore optimizer; :meth:`minimize` reduces them itself). Any other keyword
+        is a ``TypeError``, raised before anything is applied (tf.keras ignores unknown keywords)."""
+        _check_apply_options(skip_gradients_aggregation, kwargs)
         return self._apply_step(_gradients_of(grads_and_vars, self._inner.parameters, "grads_and_vars"))
 
     def minimize(self, loss, var_list=None):

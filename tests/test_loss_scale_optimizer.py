@@ -121,6 +121,63 @@ def test_dynamic_rule_skips_and_iterations_advance(compiled):
     assert scales == _keras_rule(flags, 64.0, 2)
 
 
+def _square_steps(options, compiled):
+    """A Square model, its wrapper (scale 64, growth every 2 steps) and one tf.keras step ``step(bad)`` that gives
+    ``apply_gradients`` Keras' pairs and ``options`` (keywords; ``"positional"`` holds the positional ones)."""
+    model = Square()
+    opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.1), initial_scale=64.0, dynamic_growth_steps=2)
+    keywords = dict(options)
+    positional = keywords.pop("positional", ())
+    def forward(bad):
+        return opt.get_scaled_loss(model() * bad)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    def step(bad):
+        _, grads = grad_fn(bad)
+        (grad,) = opt.get_unscaled_gradients(grads)
+        return opt.apply_gradients([(grad, model.var)], *positional, **keywords)
+
+    return model, opt, (ms.jit(step) if compiled else step)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("options", [
+    {"skip_gradients_aggregation": True},
+    {"positional": (True,)},
+    {"skip_gradients_aggregation": False, "name": "apply"},
+    {"experimental_aggregate_gradients": False, "name": None},
+], ids=["skip", "skip_positional", "no_skip_named", "legacy_keyword"])
+def test_tf_keras_apply_gradients_options_train_as_without_them(options, compiled):
+    """tf.keras' apply_gradients(grads_and_vars, skip_gradients_aggregation=False, **kwargs) with its keywords
+    (a TypeError before): the same skips, weights, iterations and scales as the call without them."""
+    ours, control = _square_steps(options, compiled), _square_steps({}, compiled)
+    for flag in [F, T, F, F, T, F]:
+        bad = Tensor(np.float32(np.inf if flag else 1.0))
+        skipped = [bool(step(bad).asnumpy()) for _, _, step in (ours, control)]
+        assert skipped == [flag, flag]
+        assert [(_value(model.var), _value(opt.loss_scale), int(opt.iterations.asnumpy()[0]))
+                for model, opt, _ in (ours, control)] == [
+                    (_value(control[0].var), _value(control[1].loss_scale), int(control[1].iterations.asnumpy()[0]))] * 2
+    assert _value(control[1].loss_scale) == _keras_rule([F, T, F, F, T, F], 64.0, 2)[-1]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("options, pattern", [
+    ({"skip_gradients_aggregation": "yes"}, "'skip_gradients_aggregation' must be a bool, but got str 'yes'"),
+    ({"positional": (1,)}, "'skip_gradients_aggregation' must be a bool, but got int 1"),
+    ({"name": 3}, "'name' must be a str or None, but got int 3"),
+    ({"experimental_aggregate_gradients": 1}, "'experimental_aggregate_gradients' must be a bool, but got int 1"),
+    ({"skip_gradient_aggregation": True}, "unexpected keyword argument 'skip_gradient_aggregation'"),
+], ids=["skip_str", "skip_int", "name_int", "legacy_int", "misspelt"])
+def test_bad_apply_gradients_options_are_refused_before_anything_is_applied(options, pattern, compiled):
+    model, opt, step = _square_steps(options, compiled)
+    with pytest.raises(TypeError, match=pattern):
+        _read(step(Tensor(np.float32(1.0))))
+    assert (_value(model.var), _value(opt.loss_scale), int(opt.iterations.asnumpy()[0])) == (1.0, 64.0, 0)
+    assert opt.dynamic_counter == 0
+
+
 def test_floor_at_one_and_no_growth_to_inf():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.0), initial_scale=4.0, dynamic_growth_steps=1)
