@@ -16,6 +16,8 @@ Example (Keras' own, with MindSpore)::
     grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
     scaled_loss, grads = grad_fn(x)
     opt.apply_gradients(opt.get_unscaled_gradients(grads))   # skipped on inf/nan; scale updated here
+    # or Keras' get_gradients / compute_gradients (both scaling calls) then apply_gradients:
+    opt.apply_gradients(opt.compute_gradients(lambda: loss_fn(net(x))))
 
 Both scaling calls are checked per iteration (Parameters, so eager and compiled code agree):
 ``apply_gradients`` refuses gradients of a scaled loss that were not unscaled (``loss_scale``
@@ -429,18 +431,63 @@ class LossScaleOptimizer(nn.Cell):
         ranks first, as MindSpore's ``TrainOneStepCell`` does (with ``apply_gradients`` the
         caller reduces them). Returns True if the step was skipped.
         """
+        return self.apply_gradients(self._gradients(loss, var_list, "var_list"))
+
+    def get_gradients(self, loss, params=None):
+        """Keras' ``get_gradients``: the gradients of ``loss()`` (a callable) for the inner optimizer's parameters,
+        computed from the scaled loss and unscaled (float32 arithmetic), as a tuple in ``opt.parameters``' order.
+
+        Pass them to :meth:`apply_gradients` (directly or as Keras' pairs with ``params``), which skips the step
+        if one is inf/nan and updates the scale. ``params``, if given, must be the inner optimizer's parameters
+        in its order, as ``var_list`` in :meth:`minimize`. A loss Tensor is a ``ValueError``: MindSpore
+        differentiates a function, not a value computed before. Under data parallel the gradients are reduced
+        over the ranks (the gradients this wrapper computes, it reduces; see :meth:`minimize`).
+
+        Example:
+            >>> from mindspore import nn
+            >>> class Loss(nn.Cell):                  # the forward pass, here a Cell taking no inputs
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
+            ...         self.x = Tensor(np.ones((1, 2), np.float32))
+            ...     def construct(self):
+            ...         return self.net(self.x).sum()
+            >>> loss = Loss()
+            >>> opt = LossScaleOptimizer(nn.SGD(loss.trainable_params(), 0.5))
+            >>> grads = opt.get_gradients(loss, opt.parameters)
+            >>> [g.asnumpy().tolist() for g in grads]
+            [[[1.0, 1.0]], [1.0]]
+            >>> bool(opt.apply_gradients(zip(grads, opt.parameters)).asnumpy()), loss.net.weight.asnumpy().tolist()
+            (False, [[0.5, 0.5]])
+        """
+        return self._gradients(loss, params, "params")
+
+    def compute_gradients(self, loss, var_list=None, tape=None):
+        """Keras' ``compute_gradients`` (tf.keras 2.11+): :meth:`get_gradients` as a list of ``(gradient,
+        variable)`` pairs, the variables being the inner optimizer's parameters. ``tape`` must be None (MindSpore
+        has no gradient tape: it differentiates the callable ``loss``)."""
+        if tape is not None:
+            raise ValueError(f"'tape' must be None, but got {type(tape).__name__}: MindSpore has no gradient tape, "
+                             f"it differentiates the callable 'loss' (pass the forward pass as a function).")
+        return list(zip(self._gradients(loss, var_list, "var_list"), self._inner.parameters))
+
+    def _gradients(self, loss, variables, argument):
+        """The unscaled gradients of the callable ``loss`` for the inner optimizer's parameters, reduced over the
+        ranks under data parallel; ``variables`` (named ``argument`` in errors), if given, checked against them."""
         parameters = self._inner.parameters
         if outside_graph(parameters[0]) and not callable(loss):  # (MindSpore's graph syntax has no callable())
-            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}.")
-        if var_list is not None:
-            _check_variables("var_list", tuple(var_list) if isinstance(var_list, (list, tuple)) else (var_list,),
+            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}: "
+                             f"MindSpore differentiates a function, so pass the forward pass, e.g. lambda: "
+                             f"loss_fn(net(x), y).")
+        if variables is not None:
+            _check_variables(argument, tuple(variables) if isinstance(variables, (list, tuple)) else (variables,),
                              parameters)
 
         def scaled_loss():
             return self.get_scaled_loss(loss())
 
         _, grads = ms.value_and_grad(scaled_loss, None, parameters)()
-        return self.apply_gradients(self.get_unscaled_gradients(self._grad_reducer(grads)))
+        return self.get_unscaled_gradients(self._grad_reducer(grads))
 
     # ---- properties ------------------------------------------------------------------------------
     @property

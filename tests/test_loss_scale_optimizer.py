@@ -561,6 +561,66 @@ def test_minimize_checks_var_list():
     assert _value(model.var) == 0.5
 
 
+def _gradient_method_step(method, compiled):
+    """A regression net, its wrapper (Momentum, scale 2**10, growth every 2 steps) and one step ``step(x, y)`` taking
+    its gradients from the wrapper: ``"recipe"`` is tf.keras' manual recipe (:func:`nets.keras_step`);
+    ``"get_gradients"`` and ``"compute_gradients"`` are Keras' methods, then ``apply_gradients``."""
+    net = regression_net()
+    opt = LossScaleOptimizer(nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2.0**10,
+                             dynamic_growth_steps=2)
+    if method == "recipe":
+        step = keras_step(net, opt)
+    else:
+        def step(x, y):
+            def loss():
+                return net(x, y)
+
+            if method == "get_gradients":
+                return opt.apply_gradients(zip(opt.get_gradients(loss, opt.parameters), opt.parameters))
+            return opt.apply_gradients(opt.compute_gradients(loss, opt.parameters))
+    return net, opt, (ms.jit(step) if compiled else step)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("method", ["get_gradients", "compute_gradients"])
+def test_keras_gradient_methods_train_as_the_manual_recipe(method, compiled):
+    """Keras' get_gradients (the documentation: "in methods minimize and get_gradients, it scales the loss and
+    unscales the gradients") and compute_gradients were missing (AttributeError). Followed by apply_gradients they
+    train as get_scaled_loss / get_unscaled_gradients / apply_gradients: the same skips, weights, moments, scales and
+    iterations, with a batch of inf, and without the warning about missing scaling calls."""
+    ours, control = _gradient_method_step(method, compiled), _gradient_method_step("recipe", compiled)
+    batches = regression_batches(5)
+    batches[2] = (with_inf(batches[2][0]), batches[2][1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for index, (x, y) in enumerate(batches):
+            skipped = [bool(_read(step(Tensor(x), Tensor(y)))) for _, _, step in (ours, control)]
+            assert skipped == [index == 2] * 2
+            assert changed_since(training_state(control[0]), ours[0]) == []
+            assert [(_value(opt.loss_scale), opt.dynamic_counter, _value(opt.iterations)) for _, opt, _ in
+                    (ours, control)] == [(_value(control[1].loss_scale), control[1].dynamic_counter, index + 1)] * 2
+    assert _value(control[1].loss_scale) == _keras_rule([F, F, T, F, F], 2.0**10, 2)[-1]
+
+
+@pytest.mark.parametrize("method, argument", [("get_gradients", "params"), ("compute_gradients", "var_list")])
+def test_keras_gradient_methods_refuse_before_anything_changes(method, argument):
+    """A loss Tensor (Keras' get_gradients takes the loss of a graph; MindSpore differentiates a function), variables
+    that are not the inner optimizer's parameters in order, and (compute_gradients) a gradient tape."""
+    net = regression_net()
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
+    compute = getattr(opt, method)
+    x, y = (Tensor(value) for value in regression_batches(1)[0])
+    before = training_state(net)
+    with pytest.raises(ValueError, match="'loss' must be a callable returning the loss, but got Tensor"):
+        compute(net(x, y), opt.parameters)
+    with pytest.raises(ValueError, match=f"'{argument}' must be the inner optimizer's parameters, in order"):
+        compute(lambda: net(x, y), tuple(reversed(opt.parameters)))
+    if method == "compute_gradients":
+        with pytest.raises(ValueError, match="'tape' must be None, but got object"):
+            compute(lambda: net(x, y), opt.parameters, tape=object())
+    assert changed_since(before, net) == [] and opt.dynamic_counter == 0 and _value(opt.iterations) == 0
+
+
 def _pair_makers(net, opt):
     """Functions ``grads -> pairs`` (each a plain function, so a compiled step can call it)."""
     in_network_order = ms.ParameterTuple(net.trainable_params())
