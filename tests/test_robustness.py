@@ -555,6 +555,32 @@ def test_a_non_finite_loss_anywhere_in_a_nested_tuple_counts(losses, finite):
     flag = LossScaler(8.0, name="nested_loss_flag").loss_flag(losses)
     assert np.isfinite(float(flag.asnumpy())) == finite
 
+@pytest.mark.parametrize("rule, mutable_rule, switch, expected", [
+    (8.0, False, None, False),
+    (Tensor(np.float32(8.0)), False, None, False),
+    (FixedLossScaleUpdateCell(8.0), False, None, False),
+    (nn.FixedLossScaleUpdateCell(8.0), False, None, False),
+    (nn.DynamicLossScaleUpdateCell(8.0, 2, 3), False, None, True),
+    (LossScalePolicy(init_scale=8.0), False, None, True),
+    (LossScalePolicy(init_scale=8.0), True, None, True),
+    (LossScalePolicy(init_scale=8.0), True, False, False),
+    (LossScalePolicy(init_scale=8.0), True, True, True),
+], ids=["number", "tensor", "fixed_cell", "mindspore_fixed_cell", "mindspore_dynamic_cell", "policy", "mutable",
+        "switched_fixed", "switched_back"])
+def test_the_core_reports_whether_its_scale_is_dynamic(rule, mutable_rule, switch, expected):
+    """The host property ``dynamic`` and the graph read ``dynamic_flag()`` agree for every kind of rule (a
+    dynamic_flag that always read the mutable rule's Parameter passed the suite: only the GradScaler, whose rule is
+    always mutable, reads it)."""
+    core = LossScaler(rule, name=f"dynamic_flag_{type(rule).__name__}_{mutable_rule}_{switch}",
+                      mutable_rule=mutable_rule)
+    if switch is not None:
+        core.set_rule(dynamic=False)
+        if switch:
+            core.set_rule(dynamic=True)
+    assert core.dynamic == expected
+    assert bool(core.dynamic_flag().asnumpy()) == expected
+
+
 @pytest.mark.parametrize("front_end", ["train cell", "GradScaler", "LossScaleOptimizer"])
 @pytest.mark.parametrize("magnitude", [1.0, 1e20], ids=["precision", "range beyond float32"])
 def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
