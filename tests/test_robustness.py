@@ -581,6 +581,18 @@ def test_the_core_reports_whether_its_scale_is_dynamic(rule, mutable_rule, switc
     assert bool(core.dynamic_flag().asnumpy()) == expected
 
 
+@pytest.mark.parametrize("rule", [8.0, LossScalePolicy(init_scale=8.0)], ids=["fixed", "dynamic"])
+def test_set_rule_needs_a_mutable_rule(rule):
+    """A core built without mutable_rule has no Parameters for a rule change: set_rule() says so and changes
+    nothing (without the check: an AttributeError from the update cell, or None's)."""
+    core = LossScaler(rule, name=f"immutable_rule_{type(rule).__name__}")
+    dynamic, state = core.dynamic, core.state_dict()
+    for change in (dict(dynamic=not dynamic), dict(policy=LossScalePolicy(init_scale=4.0)), dict(state=state)):
+        with pytest.raises(RuntimeError, match=r"set_rule\(\) needs a LossScaler built with mutable_rule=True"):
+            core.set_rule(**change)
+    assert (core.dynamic, core.state_dict()) == (dynamic, state)
+
+
 @pytest.mark.parametrize("front_end", ["train cell", "GradScaler", "LossScaleOptimizer"])
 @pytest.mark.parametrize("magnitude", [1.0, 1e20], ids=["precision", "range beyond float32"])
 def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
