@@ -194,8 +194,7 @@ def _gradients_of(grads_and_vars, parameters, argument):
 _APPLY_OPTIONS = {"name": (str, type(None)), "experimental_aggregate_gradients": (bool,)}
 
 
-# check=False: the gradients' values are not constants inside a graph, these options are; see refuse_non_gradients.
-@constexpr(check=False)
+@constexpr
 def _check_apply_options(skip_gradients_aggregation, options):
     """TypeError, while tracing inside a graph, unless the options of tf.keras' ``apply_gradients`` are of their
     types and known (an unknown or misspelt keyword would change nothing without a word).
@@ -209,8 +208,9 @@ def _check_apply_options(skip_gradients_aggregation, options):
                         f"{type(skip_gradients_aggregation).__name__} {skip_gradients_aggregation!r}.")
     for name, value in options.items():
         if name not in _APPLY_OPTIONS:
+            known = " and ".join(map(repr, _APPLY_OPTIONS))
             raise TypeError(f"apply_gradients() got an unexpected keyword argument {name!r}: it takes "
-                            f"'skip_gradients_aggregation' and, as tf.keras, {' and '.join(map(repr, _APPLY_OPTIONS))}.")
+                            f"'skip_gradients_aggregation' and, as tf.keras, {known}.")
         if not isinstance(value, _APPLY_OPTIONS[name]):
             expected = " or ".join("None" if kind is type(None) else kind.__name__ for kind in _APPLY_OPTIONS[name])
             raise TypeError(f"'{name}' must be a {expected}, but got {type(value).__name__} {value!r}.")

@@ -555,6 +555,7 @@ def test_a_non_finite_loss_anywhere_in_a_nested_tuple_counts(losses, finite):
     flag = LossScaler(8.0, name="nested_loss_flag").loss_flag(losses)
     assert np.isfinite(float(flag.asnumpy())) == finite
 
+
 @pytest.mark.parametrize("rule, mutable_rule, switch, expected", [
     (8.0, False, None, False),
     (Tensor(np.float32(8.0)), False, None, False),
@@ -569,8 +570,8 @@ def test_a_non_finite_loss_anywhere_in_a_nested_tuple_counts(losses, finite):
         "switched_fixed", "switched_back"])
 def test_the_core_reports_whether_its_scale_is_dynamic(rule, mutable_rule, switch, expected):
     """The host property ``dynamic`` and the graph read ``dynamic_flag()`` agree for every kind of rule (a
-    dynamic_flag that always read the mutable rule's Parameter passed the suite: only the GradScaler, whose rule is
-    always mutable, reads it)."""
+    dynamic_flag that always read the mutable rule's Parameter survived the other tests: only the GradScaler, whose
+    rule is always mutable, reads it)."""
     core = LossScaler(rule, name=f"dynamic_flag_{type(rule).__name__}_{mutable_rule}_{switch}",
                       mutable_rule=mutable_rule)
     if switch is not None:
