@@ -465,7 +465,12 @@ class LossScaleOptimizer(nn.Cell):
     def compute_gradients(self, loss, var_list=None, tape=None):
         """Keras' ``compute_gradients`` (tf.keras 2.11+): :meth:`get_gradients` as a list of ``(gradient,
         variable)`` pairs, the variables being the inner optimizer's parameters. ``tape`` must be None (MindSpore
-        has no gradient tape: it differentiates the callable ``loss``)."""
+        has no gradient tape: it differentiates the callable ``loss``).
+
+        Example (``loss`` and ``opt`` as in :meth:`get_gradients`'s)::
+
+            skipped = opt.apply_gradients(opt.compute_gradients(loss, opt.parameters))
+        """
         if tape is not None:
             raise ValueError(f"'tape' must be None, but got {type(tape).__name__}: MindSpore has no gradient tape, "
                              f"it differentiates the callable 'loss' (pass the forward pass as a function).")
