@@ -41,6 +41,15 @@ def _grad_fn(scaler, net, optimizer):
     return ms.value_and_grad(forward, None, optimizer.parameters)
 
 
+def _pytorch_sgd_setup(**scaler_arguments):
+    """``(scaler, net, opt, grad_fn)``: a PyTorch-spelled GradScaler("cuda", **scaler_arguments), the regression
+    net, SGD(0.05) over it and :func:`_grad_fn` of the three."""
+    scaler = GradScaler("cuda", **scaler_arguments)
+    net = regression_net()
+    opt = nn.SGD(net.trainable_params(), 0.05)
+    return scaler, net, opt, _grad_fn(scaler, net, opt)
+
+
 def _poison(grads, flag):
     """The third gradient (the second layer's weight) replaced by inf where ``flag`` (PyTorch's fill_(inf))."""
     bad = ops.select(flag, ops.full_like(grads[2], np.inf), grads[2])
@@ -745,10 +754,7 @@ def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eage
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("clamp", ["clip_by_value", "nan_to_num"])
 def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compiled, clamp):
-    scaler = GradScaler("cuda", init_scale=1024.0)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
 
     def train_step(x, y):
         _, grads = grad_fn(x, y)
@@ -1120,10 +1126,7 @@ def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
     """A refused unscale_() leaves the record of the accepted one: the iteration's overflow (found by the first
     unscale_) still skips the step, and a refused unscale_() after step() does not reopen the iteration to a
     second step."""
-    scaler = GradScaler("cuda", init_scale=1024.0)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     _, grads = grad_fn(x, y)
     unscaled = scaler.unscale_(_poison(grads, Tensor(True)))
@@ -1257,10 +1260,7 @@ def test_gradients_raised_beyond_the_norm_slack_after_unscale_are_refused(compil
     """The refusal of scaled gradients changed after unscale_() compares global norms with a slack of 1.01 (for
     float16 rounding): 1.02 times the unscaled gradients is refused before anything is applied, 1.005 times trains
     (NORM_KEEPING)."""
-    scaler = GradScaler("cuda", init_scale=1024.0)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
 
     def step(x, y):
         _, grads = grad_fn(x, y)
@@ -1338,10 +1338,7 @@ def test_a_refused_step_of_a_fixed_paddle_scaler_leaves_its_iteration_open(compi
 
 
 def test_correct_use_right_after_a_refused_one():
-    scaler = GradScaler("cuda", init_scale=1024.0)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
     function, _ = _misuse_cases(scaler, opt, grad_fn)["dropped_returned_gradients"]
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     with pytest.raises(RuntimeError):
@@ -1843,10 +1840,7 @@ def test_two_scalers_an_optimizer_wrapper_and_a_train_cell_in_one_graph():
 
 
 def test_scaler_stays_usable_after_update_inside_jit():
-    scaler = GradScaler("cuda", init_scale=4.0, growth_interval=1)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=4.0, growth_interval=1)
 
     @ms.jit
     def step(x, y):
@@ -2327,10 +2321,7 @@ def test_a_paddle_state_without_hysteresis_keys_works_as_the_scalers_own_rule():
 
 
 def test_pickle_between_iterations_only():
-    scaler = GradScaler("cuda", init_scale=32.0, growth_interval=3)
-    net = regression_net()
-    opt = nn.SGD(net.trainable_params(), 0.05)
-    grad_fn = _grad_fn(scaler, net, opt)
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=32.0, growth_interval=3)
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
     _, grads = grad_fn(x, y)
     scaler.step(opt, grads)
