@@ -415,21 +415,22 @@ def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
     assert isinstance(refused.value, TypeError)  # tf.keras' type
 
 
-@pytest.mark.parametrize("kwargs, initial_scale, growth_steps", [(dict(), 2.0**15, 2000),
-                                                                 (dict(initial_scale=2.0, dynamic_growth_steps=3), 2.0, 3)])
-def test_dynamic_scale_properties(kwargs, initial_scale, growth_steps):
+@pytest.mark.parametrize("kwargs, initial_scale, growth_steps, trajectory", [
+    (dict(), 2.0**15, 2000, [(1, 2.0**15), (2, 2.0**15), (3, 2.0**15)]),
+    (dict(initial_scale=2.0, dynamic_growth_steps=3), 2.0, 3, [(1, 2.0), (2, 2.0), (0, 4.0)]),
+])
+def test_dynamic_scale_properties(kwargs, initial_scale, growth_steps, trajectory):
     """tf.keras' test_getattr/test_dynamic_attrs: the defaults (2**15, 2000) or the given values; the counter
-    counts clean steps and restarts when the scale grows."""
+    counts clean steps and restarts when the scale grows (``trajectory``: counter and scale after each step)."""
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.0), **kwargs)
     assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (True, 0, growth_steps,
                                                                                                initial_scale)
-    trajectory = []
+    after_each_step = []
     for _ in range(3):
         opt.minimize(model)
-        trajectory.append((opt.dynamic_counter, _value(opt.loss_scale)))
-    expected = [(1, 2.0), (2, 2.0), (0, 4.0)] if growth_steps == 3 else [(1, 2.0**15), (2, 2.0**15), (3, 2.0**15)]
-    assert trajectory == expected
+        after_each_step.append((opt.dynamic_counter, _value(opt.loss_scale)))
+    assert after_each_step == trajectory
     assert opt.initial_scale == initial_scale  # the initial scale, not the current one
 
 
