@@ -260,17 +260,24 @@ def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_
 
 def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps():
     """With MindSpore's own update cell, state_dict() held the scale only: a resume from it lost the clean steps
-    counted so far (growth a window late). It now holds them as good_steps, in our format; a value beyond the
-    cell's window is refused and changes nothing; a scale-only state (0.1.0's) still loads."""
+    counted so far (growth a window late). It now holds them as good_steps, in our format, and loads them into a
+    fresh cell and into one that has run (whose last overflow came after the saved one: MindSpore's cell keeps
+    step numbers, so both of them are rewritten); a value beyond the cell's window is refused and changes
+    nothing; a scale-only state (0.1.0's) still loads."""
     uninterrupted = _cell_with_mindspores_update_cell()
     _run(uninterrupted, BATCHES[:6], inject={1, 4})
     state = uninterrupted.state_dict()
     assert state == {"loss_scale": 2.0**11, "good_steps": 1}
-    resumed = _cell_with_mindspores_update_cell()
-    ms.load_param_into_net(resumed, {name: Parameter(Tensor(value), name=name)  # weights and optimizer state
-                                     for name, value in training_state(uninterrupted).items()})
-    resumed.load_state_dict(state)
-    assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
+    weights = training_state(uninterrupted)
+    resumed = [_cell_with_mindspores_update_cell(), _cell_with_mindspores_update_cell()]
+    _run(resumed[1], BATCHES[:7], inject={6})
+    for cell in resumed:
+        ms.load_param_into_net(cell, {name: Parameter(Tensor(value), name=name)  # weights and optimizer state
+                                      for name, value in weights.items()})
+        cell.load_state_dict(state)
+        assert cell.state_dict() == state
+    expected = _run(uninterrupted, BATCHES[6:])
+    assert [_run(cell, BATCHES[6:]) for cell in resumed] == [expected, expected]
     target = _cell_with_mindspores_update_cell()
     with pytest.raises(ValueError, match=r"'state_dict\['good_steps'\]' must be an int in \[0, 1\], but got 2"):
         target.load_state_dict({"loss_scale": 512.0, "good_steps": 2})
