@@ -293,6 +293,8 @@ def test_loss_scaler(name, value):
     assert f"'{name}'" in message, message  # 'scale_sense' or 'loss_scale' for 'rule' before
     if shown and name == "rule" and isinstance(value, float):
         assert f"{value!r}" in message or str(value) in message
+    elif name == "rule" and not isinstance(value, (Tensor, nn.Cell)):  # what the rule may be, not only a number
+        assert f"a LossScalePolicy, a number or a Tensor, but got {type(value).__name__}." in message, message
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
