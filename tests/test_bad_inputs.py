@@ -279,7 +279,8 @@ def test_build_train_network_without_a_network_or_optimizer():
 
 # ---- the core and the front-ends -------------------------------------------------------------------------
 
-CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np.float32)), nn.Dense(2, 1)],
+CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np.float32)),
+                 Tensor(np.ones((1, 1), np.float32)), nn.Dense(2, 1)],
         "name": ["", "a b", 3], "overflow_check": BAD_CHOICE[1:], "mutable_rule": BAD_FLAGS, "frozen": BAD_FLAGS}
 
 

@@ -447,7 +447,8 @@ def test_scale_nested_outputs():
     outputs = scaler.scale((t1, (t1, t0), [t0, (t1,)]))
     flat = [outputs[0], outputs[1][0], outputs[1][1], outputs[2][0], outputs[2][1][0]]
     assert [float(o.asnumpy()) for o in flat] == [6.0, 6.0, 8.0, 8.0, 6.0]
-    assert all(o.dtype == ms.float32 for o in flat) and isinstance(outputs[2], list)
+    assert all(o.dtype == ms.float32 for o in flat)
+    assert [type(o) for o in (outputs, outputs[1], outputs[2], outputs[2][1])] == [tuple, tuple, list, tuple]
 
 
 @pytest.mark.parametrize("outputs, shown", [
