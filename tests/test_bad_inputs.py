@@ -320,8 +320,11 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("call", ["positional", "positional_and_keyword", "missing", "None"])
-def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
+@pytest.mark.parametrize("call, got", [("positional", "1 positional argument"),
+                                       ("positional_and_keyword", "1 positional argument"),
+                                       ("missing", "no decision"), ("None", "no decision")],
+                         ids=["positional", "positional_and_keyword", "missing", "None"])
+def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, got, compiled):
     """jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) take the opposite polarity of the core's
     adjust(overflow): the habit core.adjust(ms.amp.all_finite(grads)) backed the scale off on every clean step and
     grew it on every overflow, silently (the scale went from 8 to 2 in two clean steps). The decision is now
@@ -338,7 +341,7 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, compiled):
         return core.adjust() if call == "missing" else core.adjust(overflow=None)
 
     grads = (Tensor(np.ones(2, np.float32)),)
-    with pytest.raises(TypeError, match=r"adjust\(overflow=\.\.\.\).*opposite.*logical_not"):
+    with pytest.raises(TypeError, match=rf"adjust\(overflow=\.\.\.\).*but got {got}.*opposite.*logical_not"):
         (ms.jit(adjust) if compiled else adjust)(grads)
     assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
     core.adjust(overflow=ops.logical_not(ms.amp.all_finite(grads)))  # the translation the message gives
