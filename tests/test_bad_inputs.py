@@ -23,7 +23,7 @@ from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, Fixe
 from lossscale import overflow
 from lossscale.optimizer_states import OptimizerStates
 from lossscale.policy import LossScaleState
-from lossscale.scaler import refuse_non_gradients, warn_if_scaled_outside_differentiation
+from lossscale.scaler import check_optimizer_loss_scale, refuse_non_gradients, warn_if_scaled_outside_differentiation
 from nets import regression_net
 
 NAN, INF = float("nan"), float("inf")
@@ -455,14 +455,57 @@ def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_st
     _refused(lambda: fixed.load_state_dict({"loss_scale": 4.0}), "loss_scale", 4.0)
 
 
+_GRADIENT = Tensor(np.ones(2, np.float32))
+
+
 @pytest.mark.parametrize("grads, error, pattern", [
     ((), ValueError, "'grads' holds no gradients"),
+    ([], ValueError, "'grads' holds no gradients"),
+    (_GRADIENT, TypeError, "'grads' must be a tuple or list of gradients.*but got a single Tensor"),
+    (nn.Dense(1, 1), TypeError, r"'grads' must be a tuple or list of gradients.*but got a Cell \(an optimizer\?\)"),
+    ({"w": _GRADIENT}, TypeError, r"'grads' must be a tuple or list of gradients, one per parameter of the optimizer "
+                                  r"\(what mindspore.value_and_grad returns for them\)\.$"),
     ((np.ones(2, np.float32),), TypeError, r"'grads\[0\]' must be a gradient Tensor, but got ndarray"),
-    ((Tensor(np.ones(2, np.float32)), np.float32(1.0)), TypeError, r"'grads\[1\]' must be a gradient Tensor"),
-], ids=["empty", "ndarray", "numpy_scalar"])
+    ((_GRADIENT, np.float32(1.0)), TypeError, r"'grads\[1\]' must be a gradient Tensor"),
+    ((_GRADIENT, 1.0), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got float"),
+    # Nested one level too deep, in each container and at the length of a RowTensor's tuple:
+    ((_GRADIENT, (_GRADIENT,) * 3), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple: give"),
+    ([_GRADIENT, [_GRADIENT] * 3], TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a list: give"),
+    ((_GRADIENT, (_GRADIENT, _GRADIENT, (2,))), TypeError, r"'grads\[1\]' is a sparse gradient \(RowTensor"),
+    ((_GRADIENT, [_GRADIENT, _GRADIENT, (2,)]), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a list"),
+    ((_GRADIENT, (_GRADIENT, 1, (2,))), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple"),
+], ids=["empty", "empty_list", "tensor", "cell", "dict", "ndarray", "numpy_scalar", "float", "nested_tuple_of_3",
+        "nested_list_of_3", "row_tensor_tuple", "row_tensor_as_list", "row_tensor_tuple_without_values"])
 def test_what_is_given_where_the_gradients_go(grads, error, pattern):
+    """Each kind of wrong argument gets its own message, naming the argument (and the entry)."""
     with pytest.raises(error, match=pattern):
         refuse_non_gradients(grads, "grads")
+
+
+@pytest.mark.parametrize("optimizer_scale, fixed_scale, expected", [
+    (1.0, None, False),  # the optimizer does not divide: lossscale unscales
+    (1.0, 8.0, False),
+    (8.0, 8.0, True),  # MindSpore's FixedLossScaleManager(8, drop_overflow_update=False) recipe
+    (8.0, np.float32(8.0), True),
+    (8.0, None, "'optimizer.loss_scale' is 8.0 but the loss scale is dynamic"),
+    (8.0, 4.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 4.0"),
+    (8.0, 1.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 1.0"),
+], ids=["plain_dynamic", "plain_fixed", "same_fixed", "same_fixed_float32", "dynamic", "other_fixed", "fixed_one"])
+def test_an_optimizer_that_divides_by_its_own_loss_scale(optimizer_scale, fixed_scale, expected):
+    """Accepted only where it divides by exactly the fixed scale applied every step (True: the optimizer unscales);
+    anywhere else the gradients would be unscaled twice or by the wrong factor: a ValueError naming both."""
+    optimizer = nn.SGD(nn.Dense(1, 1).trainable_params(), 0.1, loss_scale=optimizer_scale)
+    if isinstance(expected, bool):
+        assert check_optimizer_loss_scale(optimizer, fixed_scale) is expected
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected) + ": the gradients would be unscaled twice"):
+            check_optimizer_loss_scale(optimizer, fixed_scale)
+
+
+@pytest.mark.parametrize("grads", [(_GRADIENT,), [_GRADIENT, None], (_GRADIENT, _GRADIENT, _GRADIENT)],
+                         ids=["one", "list_with_none", "three"])
+def test_gradients_where_the_gradients_go_pass(grads):
+    assert refuse_non_gradients(grads, "grads") is True
 
 
 @pytest.mark.parametrize("anchor", [None, 1.0, Tensor(np.float32(1.0)), np.float32(1.0)], ids=repr)
