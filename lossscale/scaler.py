@@ -528,19 +528,26 @@ class LossScaler(nn.Cell):
         return {"loss_scale": self.get_scale()}
 
     def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output (validated; nothing changes on error)."""
-        if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+        """Restore :meth:`state_dict` output (validated; nothing changes on error). A fixed update cell's or a frozen
+        scale cannot change: its state must hold that scale."""
+        if self._frozen:
+            check_fixed_state(state, self._frozen_scale)
+        elif isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             self.update_cell.load_state_dict(state)
         elif isinstance(self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
             check_fixed_state(state, self.update_cell.get_loss_scale())
         elif isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
-            scale = state_dict_values(state, ("loss_scale",))["loss_scale"]
+            scale = self._loaded_scale(state)
             good_steps = _mindspore_good_steps_of(state, self.update_cell.scale_window)
-            self.set_scale(scale)
+            write_parameter(self.scale_value, scale)
             if good_steps is not None:
                 _set_mindspore_good_steps(self.update_cell, good_steps)
         else:
-            self.set_scale(state_dict_values(state, ("loss_scale",))["loss_scale"])
+            write_parameter(self.scale_value, self._loaded_scale(state))
+
+    def _loaded_scale(self, state):
+        """``state['loss_scale']`` as :meth:`checked_scale` gives it, an error naming that key."""
+        return self.checked_scale(state_dict_values(state, ("loss_scale",))["loss_scale"], "state_dict['loss_scale']")
 
 
 # check=False: only the kind of ``grads`` matters here, never the values of its tensors, which inside a graph are not

@@ -42,7 +42,7 @@ from lossscale.checkpoints import check_cell_state, checkpoint_choice
 from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.running_statistics import RunningStatistics
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale
-from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
 
 def _add_mindspore_helpers(cell):
@@ -325,10 +325,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output (validated against the update cell's rule; nothing changes on error).
         A fixed scale must be the one saved; a frozen scale (the optimizer divides by it) cannot change."""
-        if self._optimizer_unscales:
-            check_fixed_state(state, self.get_loss_scale())
-        else:
-            self.loss_scaler.load_state_dict(state)
+        self.loss_scaler.load_state_dict(state)
         self.check_state()
 
     def check_state(self):
