@@ -11,7 +11,7 @@ from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNe
 from lossscale import (DynamicLossScaleManager, LossScaler, TrainOneStepWithLossScaleCell,
                        choose_overflow_check, get_preset)
 from lossscale.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
-                                ascend_saturation_only, current_overflow_check, fingerprint,
+                                ascend_saturation_only, current_overflow_check, fingerprint, initial_status,
                                 make_overflow_check, nonfinite_indicator)
 from lossscale.policy import run
 from nets import changed_since, regression_batches, regression_net, training_state
@@ -441,3 +441,63 @@ def test_saturated_gradients_are_finite_so_isfinite_would_miss_them(saturation_c
     """Why saturation mode needs the register: the same saturating backward gives finite gradients."""
     _, _, isfinite = saturation_cells
     assert not bool(isfinite(Tensor(np.array([1.0, 2.0, 200.0], np.float32)))[1].asnumpy())
+
+
+class _StatusSum(nn.Cell):
+    """A check whose flag is the sum of the status it is given, so what LossScaler.flag passes on shows."""
+    name = "status_sum"
+
+    @staticmethod
+    def before_backward(loss):
+        return loss
+
+    def start(self, pre_cond, compute_input):
+        return initial_status(), compute_input
+
+    def flag(self, status, grads):
+        return ops.cast(status.sum(), mstype.float32)
+
+
+def test_core_flag_passes_the_given_status_on_and_makes_one_where_none_is_given():
+    """The status from the check's start() reaches its flag() (an Ascend register read); None gets the check a
+    fresh one (the front-ends have no start())."""
+    core = LossScaler(8.0, name="status_passing", overflow_check=_StatusSum())
+    grads = (Tensor(np.ones(2, np.float32)),)
+    assert float(core.flag(None, grads).asnumpy()) == 0.0
+    assert float(core.flag(Tensor(np.arange(8), mstype.int32), grads).asnumpy()) == 28.0
+
+
+def test_core_graph_methods_use_a_given_scale_else_their_own():
+    """sens, unscale and scale take the scale the caller has (the train cell's, ordered after the check's start)
+    or read their own Parameter; sens is in the loss's dtype and shape."""
+    core = LossScaler(8.0, name="explicit_scale")
+    given = Tensor(np.float32(4.0))
+    loss = Tensor(np.array([1.0, 2.0], np.float16))
+    for scale, expected in ((None, 8.0), (given, 4.0)):
+        sens = core.sens(loss, scale)
+        assert sens.dtype == mstype.float16 and sens.asnumpy().tolist() == [expected] * 2
+        grad, = core.unscale((Tensor(np.array([8.0, 16.0], np.float16)),), scale)
+        assert grad.dtype == mstype.float16 and grad.asnumpy().tolist() == [8.0 / expected, 16.0 / expected]
+        with pytest.warns(UserWarning, match="carries no gradients|outside"):
+            scaled = core.scale(loss, scale)
+        assert scaled.dtype == mstype.float32 and scaled.asnumpy().tolist() == [expected, 2 * expected]
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "parameter"])
+def test_core_get_scale_inside_a_compiled_function(frozen):
+    """A frozen scale is a Python float even while tracing (a constant of the graph, nothing read); a Parameter is
+    read when the graph runs, so a later set_scale reaches the compiled function."""
+    core = LossScaler(8.0, name=None if frozen else "get_scale_traced", frozen=frozen)
+
+    @ms.jit
+    def traced(x):
+        return isinstance(core.get_scale(), float), x * core.get_scale(), core.get_scale_tensor() * x
+
+    eager = core.get_scale_tensor()
+    assert isinstance(eager, Tensor) and eager.dtype == mstype.float32 and float(eager.asnumpy()) == 8.0
+    is_float, product, tensor_product = traced(Tensor(np.float32(2.0)))
+    assert bool(is_float) is frozen
+    assert float(product.asnumpy()) == float(tensor_product.asnumpy()) == 16.0
+    if not frozen:
+        core.set_scale(4.0)
+        assert [float(value.asnumpy()) for value in traced(Tensor(np.float32(2.0)))[1:]] == [8.0, 8.0]
