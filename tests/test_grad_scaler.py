@@ -1014,17 +1014,20 @@ def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_r
     assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929, 0.800000011920929]]
 
 
-def test_a_step_without_unscale_beside_another_keys_unscaled_gradients_of_other_shapes_is_applied():
+@pytest.mark.parametrize("keys", [("a", "b"), (None, None)], ids=["keys", "structures"])
+def test_a_step_without_unscale_beside_another_keys_unscaled_gradients_of_other_shapes_is_applied(keys):
     """The refusal above is for identical shapes only: gradients of other shapes cannot be the ones unscale_()
-    returned for the other key, so step() unscales them and applies them (PyTorch's order is accepted)."""
+    returned for the other key, so step() unscales them and applies them (PyTorch's order is accepted). Without
+    keys (PyTorch's code), each gradient structure is its own optimizer's record."""
+    key_a, key_b = keys
     nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros"), nn.Dense(3, 1, weight_init="ones", bias_init="zeros")]
     opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
     scaler = GradScaler("cuda", init_scale=1024.0)
     grads = [(Tensor(np.full((1, width), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
              for k, width in ((1, 2), (2, 3))]
-    unscaled_a = scaler.unscale_(grads[0], key="a")
-    assert not bool(scaler.step(opts[1], grads[1], key="b").asnumpy())
-    assert not bool(scaler.step(opts[0], unscaled_a, key="a").asnumpy())
+    unscaled_a = scaler.unscale_(grads[0], key=key_a)
+    assert not bool(scaler.step(opts[1], grads[1], key=key_b).asnumpy())
+    assert not bool(scaler.step(opts[0], unscaled_a, key=key_a).asnumpy())
     scaler.update()
     assert nets[0].weight.asnumpy().tolist() == [[0.8999999761581421] * 2]
     assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929] * 3]
