@@ -44,7 +44,9 @@ def global_norm(hyper_map, grads):
 
 
 class GlobalNormClip(nn.Cell):
-    """``clip(grads) -> (clipped grads, flag, norm)``; ``flag`` is 1.0 when the global norm is not finite.
+    """``clip(grads, measured=None) -> (clipped grads, flag, norm)``; ``flag`` is 1.0 when the global norm is not
+    finite. The norm is that of ``measured`` (default: ``grads``): gradients still multiplied by the loss scale, for
+    an optimizer that divides by it, are clipped by the norm of their unscaled values.
 
     Args:
         clip_norm (float): the largest global L2 norm, finite and > 0.
@@ -62,8 +64,8 @@ class GlobalNormClip(nn.Cell):
         """The float32 global L2 norm of ``grads``."""
         return global_norm(self.hyper_map, grads)
 
-    def construct(self, grads):
-        norm = self.norm(grads)
+    def construct(self, grads, measured=None):
+        norm = self.norm(grads if measured is None else measured)
         flag = ops.select(ops.isfinite(norm), self._zero, self._one)
         factor = self._clip / ops.maximum(norm, self._clip)  # as ops.clip_by_global_norm
         return multiply_gradients(self.hyper_map, factor, grads), flag, norm

@@ -428,12 +428,19 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
             return loss, overflow, scaling_sens, learning_rate, norm
         return loss, overflow, scaling_sens
 
+    def _unscaled(self, grads):
+        """``grads`` as the optimizer will apply them: unscaled here, except that an optimizer that divides by the
+        fixed scale itself receives them scaled, so that their norm is measured on an unscaled copy."""
+        return self.loss_scaler.unscale(grads) if self._optimizer_unscales else grads
+
     def _reported(self, grads, norm=None):
         """``(global norm, learning rate)`` for ``extra_outputs``, read before the optimizer steps: the norm
-        clipping computed (``norm``) or that of ``grads``; zeros when the outputs are not asked for."""
+        clipping computed (``norm``) or that of the unscaled ``grads``; zeros when the outputs are not asked for."""
         if not self._extra_outputs:
             return (self._zero if norm is None else norm), self._zero
-        return (global_norm(self.hyper_map, grads) if norm is None else norm), self.optimizer.get_lr()
+        if norm is None:
+            norm = global_norm(self.hyper_map, self._unscaled(grads))
+        return norm, self.optimizer.get_lr()
 
     def _accumulation_step(self, loss, status, grads, scaling_sens, saved):
         micro_flag = self._with_loss_flag(self._flag(status, grads), loss)
@@ -465,7 +472,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         norm or ``extra_outputs`` asks for them."""
         norm = None
         if self.clipper is not None:
-            grads, norm_flag, norm = self.clipper(grads)
+            grads, norm_flag, norm = self.clipper(grads, self._unscaled(grads))
             flag = flag + norm_flag
         norm, learning_rate = self._reported(grads, norm)
         overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))

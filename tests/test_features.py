@@ -19,6 +19,7 @@ from mindspore.common import dtype as mstype
 from lossscale import (
     DynamicLossScaleManager,
     FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
     Model,
     TrainOneStepWithLossScaleCell,
     build_train_network,
@@ -124,6 +125,67 @@ def test_clipping_through_build_train_network_and_model():
     model = Model(model_net, nn.MSELoss(), nn.SGD(model_net.trainable_params(), 0.1),
                   loss_scale_manager=_dynamic(), clip_global_norm=2.0, accumulation_steps=2)
     assert model.train_network.clip_global_norm == 2.0 and model.train_network.accumulation_steps == 2
+
+
+# The fixed-scale recipe, in which the optimizer divides by the scale (loss_scale=S): what reaches it is still
+# scaled, so clipping and the reported norm must measure the unscaled values. Each builder takes the optimizer's
+# loss_scale (S for the recipe, 1 for the control, in which the train cell unscales) and the step's options.
+_RECIPE_SCALE = 1024.0
+
+
+def _recipe_cell(scale_sense):
+    def build(net, opt_scale, **options):
+        opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=opt_scale)
+        return TrainOneStepWithLossScaleCell(net, opt, scale_sense(), drop_overflow_update=False, **options)
+    return build
+
+
+def _recipe_build_train_network(net, opt_scale, **options):
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=opt_scale)
+    return build_train_network(net, opt, loss_scale_manager=FixedLossScaleManager(_RECIPE_SCALE, False), **options)
+
+
+def _recipe_model(net, opt_scale, **options):
+    opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=opt_scale)
+    return Model(net.backbone_network, nn.MSELoss(), opt, loss_scale_manager=FixedLossScaleManager(_RECIPE_SCALE, False),
+                 **options).train_network
+
+
+_RECIPE_BUILDERS = {
+    "FixedLossScaleUpdateCell": _recipe_cell(lambda: FixedLossScaleUpdateCell(_RECIPE_SCALE)),
+    "Tensor": _recipe_cell(lambda: Tensor(_RECIPE_SCALE, mstype.float32)),
+    "build_train_network": _recipe_build_train_network,
+    "Model": _recipe_model,
+}
+# (options, factor of the inputs): with inputs 3e8 the unscaled global norm fits float32 and the scaled one does not.
+_RECIPE_CASES = {
+    "clipping": (dict(clip_global_norm=0.05, extra_outputs=True), 1.0),
+    "clipping and accumulation": (dict(clip_global_norm=0.05, extra_outputs=True, accumulation_steps=2), 1.0),
+    "reported norm": (dict(extra_outputs=True), 1.0),
+    "clipping of a norm whose scaled square overflows": (dict(clip_global_norm=0.05, extra_outputs=True), 3e8),
+}
+
+
+@pytest.mark.parametrize("options, factor", _RECIPE_CASES.values(), ids=_RECIPE_CASES)
+@pytest.mark.parametrize("build", _RECIPE_BUILDERS.values(), ids=_RECIPE_BUILDERS)
+def test_fixed_scale_recipe_clips_and_reports_the_unscaled_gradients(build, options, factor):
+    """The optimizer built with loss_scale=S receives scaled gradients: they are clipped by the norm of their
+    unscaled values and the reported norm is that norm, so the weights and outputs (overflow, scale, learning rate,
+    norm) equal the control's, in which the train cell unscales (S a power of two: equal to the bit)."""
+    runs = {}
+    for opt_scale in (_RECIPE_SCALE, 1.0):
+        net = regression_net()
+        step = build(net, opt_scale, **options)
+        assert step.optimizer_unscales == (opt_scale != 1.0)
+        outputs = [[float(np.asarray(v.asnumpy()).reshape(-1)[0]) for v in step(Tensor(x * factor), Tensor(y))[1:]]
+                   for x, y in regression_batches(4)]
+        runs[opt_scale] = outputs, snapshot(net)
+    (outputs, weights), (control_outputs, control_weights) = runs[_RECIPE_SCALE], runs[1.0]
+    assert outputs == control_outputs
+    assert not any(overflow for overflow, *_ in control_outputs)
+    assert max(norm for *_, norm in control_outputs) > options.get("clip_global_norm", 0.0)  # clipping did clip
+    for name, value in control_weights.items():
+        np.testing.assert_array_equal(weights[name], value, err_msg=name)
 
 
 # ---- 2. accumulation ------------------------------------------------------------------------------
