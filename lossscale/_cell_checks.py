@@ -92,6 +92,13 @@ def check_loss_output(loss):
     return loss
 
 
+def _sparse_lookup(cell):
+    """Whether ``cell`` is an embedding lookup with sparse gradients, told by what it holds (an ``embedding_table``
+    and ``sparse=True``), not by its class: MindSpore's amp O1 rewrite turns ``nn.EmbeddingLookup`` into generated
+    classes that, from the second network built in a process on, are no longer its subclasses."""
+    return getattr(cell, "sparse", False) is True and isinstance(getattr(cell, "embedding_table", None), Parameter)
+
+
 def refuse_sparse_gradients_on_cpu(network):
     """Raise ``ValueError`` if ``network`` has cells that produce sparse gradients and the target is CPU.
 
@@ -103,8 +110,7 @@ def refuse_sparse_gradients_on_cpu(network):
     """
     if get_context("device_target") != "CPU":
         return
-    sparse = [name or type(network).__name__ for name, cell in network.cells_and_names()
-              if isinstance(cell, nn.EmbeddingLookup) and getattr(cell, "sparse", False)]
+    sparse = [name or type(network).__name__ for name, cell in network.cells_and_names() if _sparse_lookup(cell)]
     if sparse:
         raise ValueError(
             f"'network' has cells with sparse (RowTensor) gradients: {', '.join(sparse)} "

@@ -1,7 +1,8 @@
 """Running statistics that a forward pass updates in place, restored when their step is skipped.
 
 BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm``, ``mint.nn.BatchNorm*``, and
-``nn.InstanceNorm*``, which keeps a moving mean and variance too) update their running statistics
+``nn.InstanceNorm*``, which keeps a moving mean and variance too: every layer holding a
+non-trainable ``moving_mean``, ``running_mean``, ... Parameter) update their running statistics
 during the training forward pass, before any overflow check.
 A batch whose forward pass overflows (an inf activation in float16) makes them inf or nan, and
 they stay so: training goes on with batch statistics while every evaluation returns nan.
@@ -38,18 +39,16 @@ def _tensor_restore(skipped, statistic, saved):
     return ops.assign(statistic, ops.select(skipped, saved, statistic))
 
 
-def _layer_types():
-    """The classes of the layers guarded: MindSpore's and mint's BatchNorm families and MindSpore's InstanceNorm
-    (their private bases, looked up so that any may be absent)."""
-    from mindspore.nn.layer import normalization  # pylint: disable=import-outside-toplevel
-    bases = [getattr(normalization, "_BatchNorm", None), getattr(normalization, "_InstanceNorm", None)]
-    try:
-        from mindspore.mint.nn.layer import (  # pylint: disable=import-outside-toplevel
-            normalization as mint_normalization)
-        bases.append(getattr(mint_normalization, "_NormBase", None))
-    except ImportError:  # a MindSpore without mint
-        pass
-    return tuple(base for base in bases if base is not None)
+# The attribute names of the running statistics of MindSpore's (moving_*) and mint's (running_*) normalization layers.
+STATISTIC_NAMES = ("moving_mean", "moving_variance", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _holds_statistics(cell):
+    """Whether ``cell`` holds running statistics: a non-trainable Parameter under one of :data:`STATISTIC_NAMES`.
+    Told by what the layer holds, not by its class: MindSpore's amp O1 rewrite turns ``nn.BatchNorm1d`` into
+    generated classes that, from the second network built in a process on, are no longer ``_BatchNorm``'s."""
+    return any(name in STATISTIC_NAMES and not parameter.requires_grad
+               for name, parameter in cell.parameters_and_names(expand=False))
 
 
 class RunningStatistics(nn.Cell):
@@ -68,9 +67,9 @@ class RunningStatistics(nn.Cell):
     @classmethod
     def of(cls, network):
         """A guard of ``network``'s BatchNorm statistics, or None if it has none."""
-        statistics, seen, layer_types = [], set(), _layer_types()
+        statistics, seen = [], set()
         for _, cell in network.cells_and_names():
-            if not isinstance(cell, layer_types):
+            if not _holds_statistics(cell):
                 continue
             for parameter in cell.get_parameters(expand=False):
                 if not parameter.requires_grad and id(parameter) not in seen:

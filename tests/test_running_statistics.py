@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, mint, nn
 
-from lossscale import DynamicLossScaleManager, FixedLossScaleManager, TrainOneStepWithLossScaleCell
+from lossscale import DynamicLossScaleManager, FixedLossScaleManager, Model, TrainOneStepWithLossScaleCell
 from lossscale.running_statistics import RunningStatistics
 from nets import BatchNormNet
 
@@ -126,6 +126,24 @@ def test_the_guard_finds_every_batch_norm_statistic_once():
     assert names == ["1.moving_mean", "1.moving_variance", "3.running_mean", "3.running_var",
                      "3.num_batches_tracked", "5.moving_mean", "5.moving_variance"]
     assert RunningStatistics.of(nn.SequentialCell(nn.Dense(2, 2), nn.LayerNorm((2,)))) is None
+
+
+def test_amp_o1_networks_built_one_after_another_each_keep_their_statistics(tmp_path, monkeypatch):
+    """MindSpore's amp O1 rewrite makes BatchNorm1d a generated class that, from the second network built in a
+    process on, is no longer a _BatchNorm: the guard finds the statistics by what the layer holds, so a skipped
+    step of every network built leaves them finite and as they were."""
+    monkeypatch.chdir(tmp_path)  # where amp O1 writes the rewritten source
+    for _ in range(3):
+        net = BatchNormNet()
+        model = Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9), amp_level="O1",
+                      loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=True))
+        step = model.train_network
+        step.set_train()
+        assert [p.name for p in step.running_statistics.statistics] == ["norm.moving_mean", "norm.moving_variance"]
+        before = _statistics(net)
+        assert _train(step, [_bad(*BATCHES[0], "inf_input")]) == [True]
+        for name, value in _statistics(net).items():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
 
 
 def test_the_guard_adds_no_parameter_and_renames_none():
