@@ -204,15 +204,12 @@ class _IterationGraph:
 
     Args:
         core (LossScaler), states (OptimizerStates): the scaler's.
-        step_ends_fixed_iteration (bool): Paddle: with a fixed scale ``update()`` does nothing, so
-            ``step()`` itself starts the next iteration. PyTorch's scale is always dynamic.
     """
 
-    def __init__(self, core, states, step_ends_fixed_iteration):
+    def __init__(self, core, states):
         self._core = core
         self._states = states
         self._hyper_map = ops.HyperMap()
-        self._step_ends_fixed_iteration = step_ends_fixed_iteration
 
     def unscale_and_record(self, grads, slot, structure):
         """``(grads / S, the slot's stage before)``; records the unscale only if that stage was READY (else
@@ -247,14 +244,8 @@ class _IterationGraph:
             to_apply = self._core.unscale(grads)
             found = self.decide(to_apply)
             code = self._states.ready_code(slot, column, structure)
-        skipped = self._states.record_step(slot, found, code, self._step_ends_iteration())
+        skipped = self._states.record_step(slot, found, code)
         return to_apply, skipped, code
-
-    def _step_ends_iteration(self):
-        """Whether this step starts the next iteration (a bool scalar), or None for never."""
-        if self._step_ends_fixed_iteration:
-            return ops.logical_not(self._core.dynamic_flag())
-        return None
 
     def update_from_checks(self):
         """Adjust the scale from this iteration's overflows and start the next iteration.
@@ -287,7 +278,8 @@ class GradScaler:
         incr_every_n_steps (int): clean steps per growth, >= 1. Default 1000.
         decr_every_n_nan_or_inf (int): consecutive bad steps per backoff, >= 1. Default 2.
         use_dynamic_loss_scaling (bool): False keeps the scale fixed (steps with inf/nan are
-            still skipped, as in Paddle). Default True.
+            still skipped, as in Paddle; ``update()`` or ``minimize`` still ends each iteration,
+            where Paddle's ``step()`` ends it for every optimizer). Default True.
 
     Keyword Args:
         policy (LossScalePolicy or str): use this rule (or preset) instead; then leave the
@@ -308,7 +300,6 @@ class GradScaler:
     """
 
     _FIELDS = _PADDLE_FIELDS
-    _STEP_ENDS_FIXED_ITERATION = True
 
     def __new__(cls, *args, **kwargs):
         if cls is GradScaler and _spelling(args, kwargs) == "torch":
@@ -347,7 +338,7 @@ class GradScaler:
             self._core = LossScaler(self._policy, name=prefix, overflow_check=overflow_check, mutable_rule=True)
             self._core.set_rule(dynamic=dynamic)
             self._states = OptimizerStates(prefix)
-            self._iteration = _IterationGraph(self._core, self._states, self._STEP_ENDS_FIXED_ITERATION)
+            self._iteration = _IterationGraph(self._core, self._states)
 
     @staticmethod
     def _base_rule():
@@ -452,6 +443,7 @@ class GradScaler:
         slot = self._states.slot(key, structure)
         # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
         before = self._states.host_table()
+        self._states.refuse_related_unscaled(before, slot, structure)
         to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure,
                                             self._states.unscaled_in(before, slot))
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
@@ -702,7 +694,6 @@ class TorchGradScaler(GradScaler):
     """
 
     _FIELDS = _TORCH_FIELDS
-    _STEP_ENDS_FIXED_ITERATION = False  # PyTorch's scale is always dynamic
 
     def __init__(self, device="cuda", init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  enabled=True, *, policy=None, overflow_check=None, name=None):

@@ -52,6 +52,7 @@ ROWS = NORM + 1
 NORM_SLACK = 1.01
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
+_SHAPES = {}  # structure signature -> the gradients' shapes, for every structure seen (a few per program)
 _INSTANCES = itertools.count()
 # Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
 _reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
@@ -83,10 +84,28 @@ def _as_tuples(shapes):
 
 @constexpr
 def _signature(shapes):
-    """A deterministic 24-bit int for the shapes of a gradient tuple (exact in float32). Not their dtypes: with
-    them, gradients cast after unscale_() looked like another optimizer's to step(), which divided them by the
-    scale a second time (measured: a 1/S-times update, silently)."""
-    return zlib.crc32(repr(_as_tuples(shapes)).encode()) & 0xFFFFFF
+    """A deterministic 24-bit int for the shapes of a gradient tuple (exact in float32), remembered with the shapes
+    (:func:`_related_signatures`). Not their dtypes: gradients cast after unscale_() (to float32 for clipping, say)
+    are still the ones unscale_() returned."""
+    shapes = _as_tuples(shapes)
+    signature = zlib.crc32(repr(shapes).encode()) & 0xFFFFFF
+    _SHAPES[signature] = shapes
+    return signature
+
+
+def _is_subsequence(part, whole):
+    """Whether the sequence ``part`` is ``whole`` with some entries left out (in order)."""
+    rest = iter(whole)
+    return all(any(entry == other for other in rest) for entry in part)
+
+
+@constexpr
+def _related_signatures(signature):
+    """The known structure signatures whose gradients could be ``signature``'s, part of them or hold them: the
+    same shapes, or a subsequence of them either way (a tuple sliced or filtered per optimizer, or joined)."""
+    shapes = _SHAPES[signature]
+    return tuple(other for other, other_shapes in sorted(_SHAPES.items())
+                 if _is_subsequence(other_shapes, shapes) or _is_subsequence(shapes, other_shapes))
 
 
 def _refuse_misfit(shapes, parameter_shapes):
@@ -160,6 +179,7 @@ class OptimizerStates(nn.Cell):
         self._slot_indices = tuple(Tensor([i], mstype.int32) for i in range(capacity))
         self._slot_columns = tuple(Tensor(eye[i][None, :]) for i in range(capacity))  # (1, capacity) masks
         self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
+        self._false_row = Tensor(np.zeros(capacity, np.bool_))
         self._step_rows = _row_mask(STAGE, FOUND_INF)
         self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM)
         # STRUCTURE is kept across iterations (refusals compare structures within one only).
@@ -247,10 +267,14 @@ class OptimizerStates(nn.Cell):
         return ops.select(scaled, self._scaled_gradients, code)
 
     def ready_code(self, slot, column, structure):
-        """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot
-        unscaled gradients of this ``structure`` in this iteration (they may be unscaled already); else 0."""
+        """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot holds
+        unscaled gradients, not yet stepped, of this ``structure`` or a related one (:func:`_related_signatures`:
+        these gradients may be those, part of them, or hold them, so they may be unscaled already); else 0."""
         rows = self._rows()
-        others = ops.logical_and(rows[STAGE] == self._unscaled, rows[STRUCTURE] == structure)
+        related = self._false_row
+        for signature in _related_signatures(structure):
+            related = ops.logical_or(related, rows[STRUCTURE] == signature)
+        others = ops.logical_and(rows[STAGE] == self._unscaled, related)
         ambiguous = _reduce_any(ops.logical_and(others, self._others[slot]))
         code = ops.select(ambiguous, self._ambiguous, self._no_misuse)
         return ops.select(column[STAGE] == self._stepped, self._step_twice, code)
@@ -276,8 +300,12 @@ class OptimizerStates(nn.Cell):
                                "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay.")
         if code == AMBIGUOUS:
             raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
-                               "this iteration, so they may be unscaled already: pass the same key to unscale_() "
-                               "and step() for one optimizer, or call unscale_() for this key too.")
+                               "this iteration (the same shapes, or part of them, or holding them), and not yet "
+                               "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
+                               "returned for this optimizer, with the same key: to clip several optimizers' "
+                               "gradients together, unscale_() each optimizer's own gradients, clip them together "
+                               "and step each optimizer with its part. Otherwise call unscale_() for this "
+                               "optimizer too, or step the other one first.")
         return code
 
     def refuse_update_without_checks(self):
@@ -304,22 +332,13 @@ class OptimizerStates(nn.Cell):
         where = ops.logical_and(self._unscale_rows, self._slot_columns[slot])
         return self._write(ops.logical_and(where, column[STAGE] == self._ready), values)
 
-    def record_step(self, slot, found, code, ends_iteration=None):
+    def record_step(self, slot, found, code):
         """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
-        whether the optimizer is skipped (an overflow, or a refusal).
-
-        ``ends_iteration`` (a bool scalar, or None for never): when True, the step starts the next
-        iteration instead (every slot READY, as :meth:`reset`), in the same single write. One write,
-        not a record followed by a reset: MindSpore 2.10 failed to compile that pair ("Cannot join the
-        return values of different branches") when the gradients were an input of the compiled function."""
+        whether the optimizer is skipped (an overflow, or a refusal)."""
         refused = code != self._no_misuse
         values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((ROWS, 1))
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
-        table = self._written(self.table, where, values)
-        if ends_iteration is not None:
-            cleared = ops.logical_and(self._iteration_rows, ops.logical_and(ends_iteration, ops.logical_not(refused)))
-            table = self._written(table, cleared, self._zero)
-        done = ops.assign(self.table, table)
+        done = self._write(where, values)
         return ops.depend(ops.logical_or(refused, found > self._zero), done)
 
     def reset(self):
@@ -333,6 +352,16 @@ class OptimizerStates(nn.Cell):
         if outside_graph(self.table):
             return self.table.asnumpy().copy()
         return None
+
+    def refuse_related_unscaled(self, table, slot, structure):
+        """From Python, before step() records anything: the AMBIGUOUS refusal of :meth:`ready_code`, with the
+        structures known now (a step compiled earlier knows those known when it was compiled)."""
+        if table is None or table[STAGE, slot] != READY:
+            return
+        related = np.isin(table[STRUCTURE], _related_signatures(structure))
+        others = np.arange(self.capacity) != slot
+        if np.any((table[STAGE] == UNSCALED) & related & others):
+            self.raise_step_misuse(AMBIGUOUS)
 
     @staticmethod
     def unscaled_in(table, slot):

@@ -643,7 +643,9 @@ def test_eager_and_compiled_give_identical_training():
         np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
 
 
-def test_paddle_fixed_scale_skips_and_needs_no_update():
+def test_paddle_fixed_scale_skips_and_update_ends_each_iteration():
+    """Steps with inf/nan are skipped at a fixed scale; update() (or minimize) ends the iteration as with a dynamic
+    scale (Paddle's step() ends it by itself): a second step() without update() is refused, applying nothing."""
     scaler = GradScaler(init_loss_scaling=64.0, use_dynamic_loss_scaling=False)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
@@ -651,11 +653,41 @@ def test_paddle_fixed_scale_skips_and_needs_no_update():
     x, y = regression_batches(1)[0]
     bad = x.copy()
     bad[0, 0] = np.nan
-    for inputs, expected in ((bad, True), (x, False), (bad, True), (x, False)):  # step() without update()
+    for inputs, expected in ((bad, True), (x, False), (bad, True), (x, False)):
         _, grads = grad_fn(Tensor(inputs), Tensor(y))
         assert bool(scaler.step(opt, grads).asnumpy()) == expected
-    scaler.update()  # does nothing to a fixed scale
+        scaler.update()  # changes nothing of a fixed scale
+    before = training_state(net)
+    scaler.step(opt, grads)
+    with pytest.raises(RuntimeError, match=r"step\(\) has already been called since the last update"):
+        scaler.step(opt, grads)
+    assert changed_since(before, net) == [name for name in sorted(before) if "global_step" not in name]
     assert scaler.get_scale() == 64.0 and not scaler.is_use_dynamic_loss_scaling()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_paddle_fixed_scale_two_optimizers_unscaled_before_their_steps_train_as_the_control(compiled):
+    """Paddle's step() at a fixed scale ends the iteration for every optimizer, so the second optimizer's unscaled
+    gradients were divided again (a 1/S update); here each optimizer's step applies its own unscaled gradients."""
+    scaler = GradScaler(init_loss_scaling=1024.0, use_dynamic_loss_scaling=False)
+    net, control_net = regression_net(), regression_net()
+    params = net.trainable_params()
+    first, last = own_names(nn.SGD(params[:2], 0.05), "first"), own_names(nn.SGD(params[2:], 0.05), "last")
+    grad_fn = _grad_fn(scaler, net, nn.SGD(params, 0.05))
+    control = _control(control_net, nn.SGD(control_net.trainable_params(), 0.05))
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        firsts, lasts = scaler.unscale_(grads[:2]), scaler.unscale_(grads[2:])
+        skipped = ops.logical_or(scaler.step(first, firsts), scaler.step(last, lasts))
+        scaler.update()
+        return skipped
+
+    step = ms.jit(step) if compiled else step
+    for x, y in _batches(2):
+        assert not bool(_read(step(x, y)).asnumpy())
+        control(x, y, False)
+    _same_training_state(control_net, net)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -1083,6 +1115,23 @@ def _misuse_cases(scaler, opt, grad_fn):
         grads = scaler.unscale_(grads)
         return scaler.unscale_(grads)
 
+    # Two optimizers over the network's first and last two parameters, fed from one value_and_grad (for a network
+    # with four).
+    first, last = (own_names(nn.SGD(opt.parameters[part], 0.05), name) if len(opt.parameters) == 4 else None
+                   for part, name in ((slice(0, 2), "first"), (slice(2, None), "last")))
+
+    def unscaled_together_then_stepped_in_slices(x, y):
+        _, grads = grad_fn(x, y)
+        grads = scaler.unscale_(grads)  # once, to clip them together: each slice would be divided again
+        scaler.step(first, grads[:2])
+        scaler.step(last, grads[2:])
+        return scaler.update()
+
+    def unscaled_in_slices_then_stepped_together(x, y):
+        _, grads = grad_fn(x, y)
+        scaler.step(opt, scaler.unscale_(grads[:2]) + scaler.unscale_(grads[2:]))  # would be divided again
+        return scaler.update()
+
     def step_twice(x, y):
         _, grads = grad_fn(x, y)
         scaler.step(opt, grads)
@@ -1098,14 +1147,18 @@ def _misuse_cases(scaler, opt, grad_fn):
             "dropped_returned_gradients_then_clipped": (dropped_returned_gradients_then_clipped, larger),
             "dropped_returned_gradients_then_clamped": (dropped_returned_gradients_then_clamped, larger),
             "mismatched_keys": (mismatched_keys, "shaped like the ones unscale_"),
+            "unscaled_together_then_stepped_in_slices": (unscaled_together_then_stepped_in_slices,
+                                                         "shaped like the ones unscale_"),
+            "unscaled_in_slices_then_stepped_together": (unscaled_in_slices_then_stepped_together,
+                                                         "shaped like the ones unscale_"),
             "unscale_twice": (unscale_twice, r"unscale_\(\) has already been called"),
             "step_twice": (step_twice, r"step\(\) has already been called since the last update"),
             "unscale_after_step": (unscale_after_step, r"unscale_\(\) is being called after step")}
 
 
 MISUSES = ["dropped_returned_gradients", "dropped_returned_gradients_then_clipped",
-           "dropped_returned_gradients_then_clamped", "mismatched_keys", "unscale_twice", "step_twice",
-           "unscale_after_step"]
+           "dropped_returned_gradients_then_clamped", "mismatched_keys", "unscaled_together_then_stepped_in_slices",
+           "unscaled_in_slices_then_stepped_together", "unscale_twice", "step_twice", "unscale_after_step"]
 
 
 @pytest.mark.lowest
@@ -1124,6 +1177,48 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     applied = changed_since(before, net) != []
     assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
     assert scaler.get_scale() == 1024.0
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_two_optimizers_clipped_together_train_as_the_control(compiled):
+    """The recipe the slice refusals point to: unscale_() each optimizer's own gradients, clip them together, step
+    each optimizer with its part; equal to unscale, clip, apply without scaling."""
+    scaler = GradScaler("cuda", init_scale=1024.0)
+    net, control_net = regression_net(), regression_net()
+    params = net.trainable_params()
+    first, last = own_names(nn.SGD(params[:2], 0.05), "first"), own_names(nn.SGD(params[2:], 0.05), "last")
+    grad_fn = _grad_fn(scaler, net, nn.SGD(params, 0.05))
+    control_opt = nn.SGD(control_net.trainable_params(), 0.05)
+    control = _control(control_net, control_opt, clip=0.2)
+
+    def step(x, y):
+        _, grads = grad_fn(x, y)
+        grads = ops.clip_by_global_norm(scaler.unscale_(grads[:2]) + scaler.unscale_(grads[2:]), 0.2)
+        skipped = ops.logical_or(scaler.step(first, grads[:2]), scaler.step(last, grads[2:]))
+        scaler.update()
+        return skipped
+
+    step = ms.jit(step) if compiled else step
+    for x, y in _batches(3):
+        assert not bool(_read(step(x, y)).asnumpy())
+        control(x, y, False)
+    assert scaler.get_scale() == 1024.0
+    _same_training_state(control_net, net)
+
+
+def test_an_eager_step_compiled_before_a_related_structure_was_seen_refuses_it():
+    """Called from Python, step() of a slice compiles once per structure: unscale_() of the whole tuple, first seen
+    after that compilation, is still refused before anything is applied (checked on the host)."""
+    scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
+    first = own_names(nn.SGD(opt.parameters[:2], 0.05), "first")
+    x, y = _batches(1)[0]
+    scaler.step(first, grad_fn(x, y)[1][:2])  # compiles step() for the slice
+    scaler.update()
+    grads = scaler.unscale_(grad_fn(x, y)[1])
+    before = training_state(net)
+    with pytest.raises(RuntimeError, match="shaped like the ones unscale_"):
+        scaler.step(first, grads[:2])
+    assert changed_since(before, net) == []
 
 
 def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
