@@ -31,6 +31,7 @@ tf.keras its step counter (``global_step``, Keras' ``iterations``) still advance
 learning-rate schedules keep their pace.
 """
 import functools
+import re
 import numbers
 
 import mindspore as ms
@@ -301,6 +302,16 @@ class _ApplyGradients(nn.Cell):
         return super().__call__(_variable(grads))
 
 
+def _default_name(inner_optimizer):
+    """The default prefix of a wrapper's Parameter names, from the first parameter its inner optimizer updates
+    (``loss_scale_optimizer.fc1.weight``): a checkpoint then restores each wrapper's scale into the wrapper of the
+    same optimizer, whatever order the wrappers are built in."""
+    parameters = inner_optimizer.parameters
+    if not parameters:
+        return "loss_scale_optimizer"
+    return "loss_scale_optimizer." + re.sub(r"[^A-Za-z0-9_.]", "_", parameters[0].name)
+
+
 class LossScaleOptimizer(nn.Cell):
     """Wrap a MindSpore optimizer with (dynamic) loss scaling, as ``tf.keras.mixed_precision.LossScaleOptimizer``.
 
@@ -314,7 +325,9 @@ class LossScaleOptimizer(nn.Cell):
     Keyword Args:
         policy (LossScalePolicy or str): another rule (see :mod:`lossscale.presets`).
         overflow_check (str or check Cell): the backend check; default the device target's.
-        name (str): prefix of this wrapper's Parameter names; default a unique one.
+        name (str): prefix of this wrapper's Parameter names; default ``loss_scale_optimizer.`` and the name
+            of the inner optimizer's first parameter (``_1``, ``_2``, ... appended while another wrapper
+            holds it).
 
     Raises:
         ValueError: for any invalid argument (as Keras documents), including keyword arguments
@@ -353,7 +366,7 @@ class LossScaleOptimizer(nn.Cell):
                              "wrapped by a single LossScaleOptimizer.")
         check_optimizer_loss_scale(inner_optimizer)
         rule = _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy)
-        prefix = claim_name(name, self, "loss_scale_optimizer")
+        prefix = claim_name(name, self, _default_name(inner_optimizer))
         # A fixed scale is a constant, as in tf.keras: no checkpoint of another wrapper can change it.
         self._core = LossScaler(rule, name=prefix, overflow_check=overflow_check, frozen=not dynamic)
         self._dynamic = dynamic

@@ -760,6 +760,33 @@ def test_a_checkpoint_resumes_exactly_in_another_wrapper(tmp_path):
         np.testing.assert_array_equal(training_state(resumed_net)[name], value, err_msg=name)
 
 
+def test_default_names_follow_the_inner_optimizer_so_wrappers_resume_in_any_order(tmp_path):
+    """Two wrappers with default names, saved in one checkpoint and built again in the other order: each gets its
+    own scale back. Named by creation order, the two states were swapped silently."""
+    def build(order):
+        nets = {role: regression_net(seed=seed) for seed, role in enumerate(("generator", "discriminator"))}
+        for role, net in nets.items():
+            for parameter in net.trainable_params():
+                parameter.name = f"{role}.{parameter.name}"
+        return {role: LossScaleOptimizer(nn.SGD(nets[role].trainable_params(), 0.05), initial_scale=scale)
+                for role, scale in order}
+
+    saved = build([("generator", 1024.0), ("discriminator", 64.0)])
+    path = str(tmp_path / "wrappers.ckpt")
+    own = [p for wrapper in saved.values() for p in wrapper.get_parameters() if p.name.startswith("loss_scale_opt")]
+    assert "loss_scale_optimizer.generator.0.weight.scale" in [p.name for p in own]
+    ms.save_checkpoint(own, path)
+    del saved
+    gc.collect()  # never used in a graph: the names are free again
+    resumed = build([("discriminator", 2.0), ("generator", 2.0)])
+    checkpoint = ms.load_checkpoint(path)
+    for wrapper in resumed.values():
+        not_loaded = ms.load_param_into_net(wrapper, checkpoint)[0]
+        assert [name for name in not_loaded if name.startswith("loss_scale_opt")] == []
+    assert {role: _value(wrapper.loss_scale) for role, wrapper in resumed.items()} == {"generator": 1024.0,
+                                                                                       "discriminator": 64.0}
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compiled):
     """As in tf.keras (a Python constant): a fixed wrapper holds no scale Parameter, so a checkpoint of a dynamic
