@@ -41,7 +41,8 @@ class FixedLossScaleManager(LossScaleManager):
     """A constant loss scale, with or without skipping overflowing steps.
 
     Args:
-        loss_scale (float): the scale, finite and >= 1. Default 128.0 (MindSpore's).
+        loss_scale (float): the scale, finite and >= 1. Default 128.0 (MindSpore's). Kept and
+            reported as the float32 value the device holds.
         drop_overflow_update (bool): skip the optimizer on overflow (True, default)
             or always apply it (False). With False, ``get_update_cell()`` returns
             None like MindSpore; our train-network builders then unscale the
@@ -55,7 +56,8 @@ class FixedLossScaleManager(LossScaleManager):
     """
 
     def __init__(self, loss_scale=128.0, drop_overflow_update=True):
-        self._loss_scale = check_finite_in_range("loss_scale", loss_scale, low=1.0)
+        # The scale the device holds and reports: float32 (2**24 + 1 is 2**24 there).
+        self._loss_scale = float(np.float32(check_finite_in_range("loss_scale", loss_scale, low=1.0)))
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
 
     def get_loss_scale(self):

@@ -86,6 +86,8 @@ def get_preset(name, **overrides):
         >>> get_preset("megatron").hysteresis, get_preset("jmp", growth_interval=10).growth_interval
         (2, 10)
     """
+    if not isinstance(name, str):
+        raise TypeError(f"'preset' must be a str, one of {PRESET_NAMES}, but got {type(name).__name__} {name!r}.")
     if name not in _PRESETS:
         raise ValueError(f"'preset' must be one of {PRESET_NAMES}, but got {name!r}.")
     policy = LossScalePolicy(**_PRESETS[name])

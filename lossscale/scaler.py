@@ -648,7 +648,8 @@ def check_optimizer_loss_scale(optimizer, fixed_scale=None):
     optimizer_scale = float(getattr(optimizer, "loss_scale", 1.0))
     if optimizer_scale == 1.0:
         return False
-    if fixed_scale is not None and optimizer_scale == float(np.float32(fixed_scale)):
+    # Compared as the device holds both: the same Python float given to the manager and the optimizer is accepted.
+    if fixed_scale is not None and np.float32(optimizer_scale) == np.float32(fixed_scale):
         return True
     expected = "dynamic" if fixed_scale is None else repr(float(np.float32(fixed_scale)))
     raise ValueError(

@@ -178,7 +178,7 @@ def test_policy_and_presets(name, value):
     _refused(lambda: get_preset("pytorch", **{name: value}), name, value)
 
 
-@pytest.mark.parametrize("name", [None, 3, "tensorflow", ""], ids=repr)
+@pytest.mark.parametrize("name", [None, 3, "tensorflow", "", ["pytorch"], {"pytorch": 1}], ids=repr)
 def test_unknown_presets(name):
     _refused(lambda: get_preset(name), "preset", name, shown=name is not None)
 

@@ -220,6 +220,13 @@ def test_load_state_dict_rejects_bad_state_and_keeps_the_old_one():
     assert manager.state_dict() == before
 
 
+@pytest.mark.parametrize("given, held", [(2.0**24 + 1, 2.0**24), (1.3, float(np.float32(1.3))), (1024.0, 1024.0)])
+def test_fixed_manager_reports_the_scale_the_device_holds(given, held):
+    manager = FixedLossScaleManager(given)
+    assert manager.get_loss_scale() == manager.get_update_cell().get_loss_scale() == held
+    assert manager.state_dict() == {"loss_scale": held}
+
+
 def test_fixed_manager_state_dict():
     manager = FixedLossScaleManager(256.0)
     manager.update_loss_scale(True)

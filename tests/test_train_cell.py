@@ -304,6 +304,19 @@ def test_sparse_gradient_network_is_refused_on_cpu(build, name, tmp_path, monkey
         build(_WithEmbedding())
 
 
+@pytest.mark.parametrize("scale", [1.3, 2.0**24 + 1, 1024.0])
+def test_the_same_python_float_given_to_the_manager_and_the_optimizer_is_accepted(scale):
+    """MindSpore's FixedLossScaleManager(S, False) recipe with a scale float32 cannot hold exactly: the manager and
+    the optimizer hold the same float32 value, so the optimizer divides by the scale the train cell applies."""
+    net = regression_net()
+    step = build_train_network(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
+                               loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False))
+    assert step.optimizer_unscales and step.get_loss_scale() == float(np.float32(scale))
+    cell = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
+                                         Tensor(scale, mstype.float32), drop_overflow_update=False)
+    assert cell.optimizer_unscales
+
+
 def test_optimizer_loss_scale_that_disagrees_is_rejected():
     net = regression_net()
     dynamic = DynamicLossScaleManager(init_loss_scale=1024)
