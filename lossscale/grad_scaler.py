@@ -70,7 +70,7 @@ from lossscale.clipping import global_norm
 from lossscale.optimizer_states import STAGE, OptimizerStates
 from lossscale.policy import LossScalePolicy, LossScaleState, build_policy, check_state
 from lossscale.presets import PRESET_NAMES, get_preset
-from lossscale.scaler import LossScaler, positive_scale, refuse_non_gradients
+from lossscale.scaler import LossScaler, positive_scale, refuse_bfloat16_on_cpu, refuse_non_gradients
 
 PADDLE_DEFAULTS = {"enable": True, "init_loss_scaling": 32768.0, "incr_ratio": 2.0, "decr_ratio": 0.5,
                    "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "use_dynamic_loss_scaling": True}
@@ -437,6 +437,7 @@ class GradScaler:
         parameters = getattr(optimizer, "parameters", None)
         if parameters is None:
             _refuse_optimizer_without_parameters()
+        refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in parameters))
         self._states.refuse_misfit(grads, parameters)
         grads = self._graph_values(grads)
         structure = self._states.structure_of(grads)

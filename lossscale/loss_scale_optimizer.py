@@ -48,8 +48,9 @@ from lossscale._warnings import warn_at_caller
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
 from lossscale.presets import get_preset
-from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_non_gradients,
-                              refuse_non_sequence, refuse_non_tensor_entries, warn_if_scaled_outside_differentiation)
+from lossscale.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_bfloat16_on_cpu,
+                              refuse_non_gradients, refuse_non_sequence, refuse_non_tensor_entries,
+                              warn_if_scaled_outside_differentiation)
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -365,6 +366,7 @@ class LossScaleOptimizer(nn.Cell):
             raise ValueError("'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
                              "wrapped by a single LossScaleOptimizer.")
         check_optimizer_loss_scale(inner_optimizer)
+        refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in inner_optimizer.parameters), "inner_optimizer")
         rule = _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy)
         prefix = claim_name(name, self, _default_name(inner_optimizer))
         # A fixed scale is a constant, as in tf.keras: no checkpoint of another wrapper can change it.

@@ -41,7 +41,7 @@ Example:
 import numbers
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.common import api as _ms_api
 from mindspore.communication.management import GlobalComm
@@ -629,6 +629,24 @@ def refuse_non_tensor_entries(grads, argument):
             raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got a {type(grad).__name__}: give "
                             f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "
                             f"and weights returns (inputs' gradients, weights' gradients): pass the second).")
+    return True
+
+
+@constexpr
+def refuse_bfloat16_on_cpu(dtypes, argument="optimizer"):
+    """TypeError if the Parameters an optimizer updates (their ``dtypes``) include bfloat16 and the device target is
+    CPU: MindSpore has no bfloat16 ``Assign`` kernel there, so such a step fails inside MindSpore, after the loss
+    scaling has run. A constant check: eagerly, or while a compiled function is traced.
+
+    Example:
+        >>> refuse_bfloat16_on_cpu((mstype.float32, mstype.float16))
+        True
+    """
+    if mstype.bfloat16 in dtypes and get_context("device_target") == "CPU":
+        raise TypeError(f"'{argument}' updates bfloat16 Parameters ({dtypes.count(mstype.bfloat16)} of "
+                        f"{len(dtypes)}), which cannot be trained on device_target 'CPU': MindSpore has no bfloat16 "
+                        f"Assign kernel there. Keep the Parameters in float32 (amp levels O2/O3 compute in float16 "
+                        f"with float32 weights) or float16, or train on Ascend.")
     return True
 
 

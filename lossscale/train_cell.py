@@ -41,7 +41,7 @@ from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounter
 from lossscale.checkpoints import check_cell_state, checkpoint_choice
 from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.running_statistics import RunningStatistics
-from lossscale.scaler import LossScaler, check_optimizer_loss_scale
+from lossscale.scaler import LossScaler, check_optimizer_loss_scale, refuse_bfloat16_on_cpu
 from lossscale.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
 
 
@@ -186,6 +186,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
                  max_consecutive_overflows=None, debug_overflow=False, extra_outputs=False,
                  lr_per_micro_batch=False):
         check_train_arguments(network, optimizer, scale_sense)
+        refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in optimizer.parameters))
         super().__init__(network, optimizer, sens=None)
         self._subclass_options, self._reassigned_options = {}, ()  # see _built_option
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)

@@ -183,6 +183,45 @@ def test_unknown_presets(name):
     _refused(lambda: get_preset(name), "preset", name, shown=name is not None)
 
 
+# ---- bfloat16 Parameters on CPU ------------------------------------------------------------------------
+
+def _bfloat16_regression():
+    net = regression_net()
+    for parameter in net.trainable_params():
+        parameter.set_dtype(ms.bfloat16)
+    return net
+
+
+def _grad_scaler_step(net, optimizer, compiled):
+    scaler = GradScaler("cpu")
+    grads = tuple(Tensor(np.ones(parameter.shape, np.float32), ms.bfloat16) for parameter in optimizer.parameters)
+    step = ms.jit(scaler.step) if compiled else scaler.step
+    return step(optimizer, grads)
+
+
+BFLOAT16_CALLS = {
+    "train cell": lambda net, opt: TrainOneStepWithLossScaleCell(net, opt, Tensor(np.float32(8.0))),
+    "build_train_network": lambda net, opt: build_train_network(net, opt, loss_scale_manager=FixedLossScaleManager()),
+    "LossScaleOptimizer": lambda net, opt: LossScaleOptimizer(opt),
+    "GradScaler.step": lambda net, opt: _grad_scaler_step(net, opt, False),
+    "GradScaler.step in jit": lambda net, opt: _grad_scaler_step(net, opt, True),
+}
+
+
+@pytest.mark.parametrize("call", BFLOAT16_CALLS.values(), ids=BFLOAT16_CALLS)
+def test_bfloat16_parameters_are_refused_on_cpu_naming_the_device_and_dtype(call):
+    """MindSpore has no bfloat16 Assign kernel on CPU: refused before anything runs, instead of failing inside
+    MindSpore after the loss scaling did."""
+    net = _bfloat16_regression()
+    optimizer = nn.Optimizer(0.1, net.trainable_params())
+    before = [parameter.asnumpy().copy() for parameter in net.trainable_params()]
+    with pytest.raises(TypeError, match=r"updates bfloat16 Parameters \(4 of 4\), which cannot be trained on "
+                                        r"device_target 'CPU'"):
+        call(net, optimizer)
+    for parameter, value in zip(net.trainable_params(), before):
+        np.testing.assert_array_equal(parameter.asnumpy(), value)
+
+
 # ---- the train cell ----------------------------------------------------------------------------------
 
 def _cell(**kwargs):
