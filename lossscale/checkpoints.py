@@ -8,7 +8,9 @@ counters of MindSpore's own update cell when the train cell uses one.
 configuration, or written by MindSpore's own cell after its scale grew to inf, can leave a state
 this cell cannot train with. :func:`check_cell_state` refuses such a state with a ``ValueError``
 naming the Parameter, its value and the allowed range; the train cell runs it before its first step
-and after :func:`restore_loss_scale`.
+and after :func:`restore_loss_scale`. What a checkpoint of another configuration holds under names this
+cell would not have (a mid-window micro-batch count, MindSpore's own step counters) is received by a
+:class:`CheckpointReceiver` and treated as :func:`restore_loss_scale` treats it.
 
 Example:
     >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
@@ -18,10 +20,11 @@ import dataclasses
 
 import numpy as np
 
-from mindspore import Tensor
+from mindspore import Tensor, nn
 from mindspore.common import dtype as mstype
 
 from lossscale._parameters import host_array, write_parameter
+from lossscale.accumulation import counter
 from lossscale._validation import check_int_in_range
 from lossscale.bookkeeping import INT32_MAX
 from lossscale.policy import check_state
@@ -86,6 +89,57 @@ def _check_rule_state(cell, scale):
         check_int_in_range(MICRO_STEP, _count(window.micro_step), low=0, high=window.steps - 1)
 
 
+class CheckpointReceiver(nn.Cell):
+    """Parameters under the names a checkpoint of another configuration holds, so that ``load_param_into_net``
+    into the train cell ends as :func:`restore_loss_scale` does, checked before the next step
+    (:func:`take_received_state`):
+
+    - without accumulation, ``loss_scale_micro_step`` (0): a checkpoint saved inside an accumulation window
+      sets it, and is refused (its micro-batches would be lost);
+    - with lossscale's dynamic update cell, the step counters of MindSpore's own (``current_iterator_step``
+      1 and ``last_overflow_iterator_step`` 0, a fresh cell's): a checkpoint of MindSpore's train cell sets
+      them, and they become the clean-step count (else growth would come up to a window late).
+
+    Args:
+        accumulates (bool): the train cell has an accumulation window (its own ``loss_scale_micro_step``).
+        update_cell: the train cell's update cell.
+    """
+
+    def __init__(self, accumulates, update_cell):
+        super().__init__(auto_prefix=False)
+        self.micro_step = None if accumulates else counter(MICRO_STEP)
+        self.current_step = self.last_overflow_step = None
+        if isinstance(update_cell, DynamicLossScaleUpdateCell):
+            self.current_step = counter(MINDSPORE_COUNTERS[0], 1)
+            self.last_overflow_step = counter(MINDSPORE_COUNTERS[1], 0)
+
+    def received(self):
+        """``{name: Parameter}`` of the received names."""
+        return {parameter.name: parameter for parameter in self.get_parameters()}
+
+
+def take_received_state(cell):
+    """Treat what ``cell``'s :class:`CheckpointReceiver` received as :func:`restore_loss_scale` treats a checkpoint:
+    refuse a mid-window micro-batch count (nothing changes), turn MindSpore's step counters into the clean-step
+    count (checked; nothing changes on error) and put the counters back to a fresh cell's. One host sync."""
+    received = cell.checkpoint_receiver.received()
+    _refuse_lost_window(cell, received)
+    if not all(name in received for name in MINDSPORE_COUNTERS):
+        return
+    if tuple(_count(received[name]) for name in MINDSPORE_COUNTERS) == (1, 0):
+        return
+    good_steps = cell.loss_scaling_manager.good_steps
+    saved = good_steps.asnumpy().copy()
+    write_parameter(good_steps, _from_mindspore_counters(cell, received)[good_steps.name].asnumpy())
+    try:
+        check_cell_state(cell)
+    except ValueError:
+        write_parameter(good_steps, saved)
+        raise
+    for name, fresh in zip(MINDSPORE_COUNTERS, (1, 0)):
+        write_parameter(received[name], np.array(fresh, np.int32))
+
+
 def restore_loss_scale(cell, param_dict):
     """Load the loss-scale state of a checkpoint into ``cell``; return the names loaded.
 
@@ -114,7 +168,9 @@ def restore_loss_scale(cell, param_dict):
         (True, 16384.0)
     """
     _check_restore_arguments(cell, param_dict)
-    own = {parameter.name: parameter for parameter in cell.get_parameters() if is_loss_scale_state(parameter.name)}
+    received = cell.checkpoint_receiver.received()
+    own = {parameter.name: parameter for parameter in cell.get_parameters()
+           if is_loss_scale_state(parameter.name) and received.get(parameter.name) is not parameter}
     wanted = {name: value for name, value in param_dict.items() if name in own}
     wanted.update(_from_mindspore_counters(cell, param_dict))
     if not wanted:

@@ -32,6 +32,7 @@ learning-rate schedules keep their pace.
 """
 import functools
 import re
+import weakref
 import numbers
 
 import mindspore as ms
@@ -43,7 +44,7 @@ from mindspore.ops import constexpr
 from lossscale._cell_checks import is_parameter_optimizer
 from lossscale._naming import claim_name
 from lossscale._parameters import outside_graph, read_scalar, write_parameter
-from lossscale._validation import TypeValueError
+from lossscale._validation import TypeValueError, check_int_in_range
 from lossscale._warnings import warn_at_caller
 from lossscale.distributed import gradient_reducer
 from lossscale.policy import build_policy
@@ -269,6 +270,19 @@ class _IterationFlags(nn.Cell):
                            "get_unscaled_gradients(), or use minimize().", UserWarning)
 
 
+_APPLY_STEPS = weakref.WeakValueDictionary()  # id -> _ApplyGradients, for the check when a step is compiled
+
+
+@constexpr
+def _check_state_when_compiled(key):
+    """While a step is compiled (before its first run): the wrapper's state check, a host read. A checkpoint is
+    loaded before training starts, so the step compiled then sees it."""
+    apply_step = _APPLY_STEPS.get(key)
+    if apply_step is not None:
+        apply_step.check_state()
+    return True
+
+
 class _ApplyGradients(nn.Cell):
     """The apply step: skip or apply, update the scale, start the next iteration.
 
@@ -282,9 +296,26 @@ class _ApplyGradients(nn.Cell):
         self.inner = inner
         self.flags = flags
         self._one = Tensor(1, mstype.int32)
+        self._key = id(self)
+        _APPLY_STEPS[self._key] = self
+
+    def check_state(self):
+        """Host: ``ValueError`` if the dynamic rule's counters (as a checkpoint left them) are outside this rule's
+        ranges: a state saved by a wrapper with another ``dynamic_growth_steps`` or hysteresis. One host sync."""
+        cell = self.core.update_cell
+        if cell is None or not self.core.dynamic:
+            return
+        state, policy = cell.get_state(), cell.policy
+        try:
+            check_int_in_range(cell.good_steps.name, state.good_steps, low=0, high=policy.growth_interval - 1)
+            check_int_in_range(cell.hysteresis_left.name, state.hysteresis_left, low=1, high=policy.hysteresis)
+        except ValueError as error:
+            raise ValueError(f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="
+                             f"{policy.growth_interval} here): load a checkpoint of the same configuration.") from None
 
     @ms.jit  # from Python in PyNative mode too: one graph, not each kernel in turn (an MLP iteration 62 -> 47 ms)
     def construct(self, grads):
+        _check_state_when_compiled(self._key)
         self.flags.refuse_mismatch()
         overflow = self.core.is_overflow(self.core.flag(None, grads))
         if not overflow:
@@ -525,6 +556,13 @@ class LossScaleOptimizer(nn.Cell):
         """Consecutive finite steps since the scale last changed (None if not dynamic): eagerly an int (one sync),
         inside a compiled function a graph read (an int32 Tensor)."""
         return read_scalar(self._core.update_cell.good_steps) if self._dynamic else None
+
+    def check_state(self):
+        """Raise ``ValueError`` if the scale state does not fit this wrapper's rule: a checkpoint loaded with
+        ``load_param_into_net`` from a wrapper with another ``dynamic_growth_steps``, say. Runs by itself when a
+        step is compiled (its first call); call it after loading into a wrapper whose steps already ran. One
+        host sync."""
+        self._apply_step.check_state()
 
     @property
     def dynamic_growth_steps(self):

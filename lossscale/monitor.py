@@ -68,13 +68,16 @@ def _scale(name, value):
 
 
 def cell_loss_scale(train_network):
-    """The scale a train cell holds now (its ``scale_sense`` Parameter or Tensor), or None (one sync).
+    """The scale a train cell holds now (its ``scale_sense`` Parameter or Tensor, or the ``sens`` of MindSpore's
+    ``nn.TrainOneStepCell``), or None (one sync).
 
     Example:
         >>> cell_loss_scale(object()) is None
         True
     """
     scale = getattr(train_network, "scale_sense", None)
+    if scale is None:
+        scale = getattr(train_network, "sens", None)
     if isinstance(scale, Tensor):
         return _scalar(scale, "scale_sense")
     if isinstance(scale, numbers.Real):
@@ -120,8 +123,9 @@ class LossScaleMonitor(Callback):
 
     Works with any train network whose outputs are ``(loss, overflow, loss_scale)``
     (:class:`lossscale.TrainOneStepWithLossScaleCell`, MindSpore's own cell), ``(loss, overflow)``
-    or the loss alone; a missing scale is read from the cell's ``scale_sense`` (1.0 if it has
-    none, as a plain ``TrainOneStepCell``), a missing overflow flag counts as no overflow.
+    or the loss alone; a missing scale is read from the cell's ``scale_sense``, or the ``sens`` of
+    MindSpore's ``nn.TrainOneStepCell`` (1.0 if it has neither), a missing overflow flag counts as no
+    overflow.
 
     Args:
         csv_path (str or os.PathLike, optional): write the records there at the end of training, also

@@ -410,6 +410,18 @@ class LossScaler(nn.Cell):
             flag = self.allreduce(flag)
         return ops.not_equal(flag, self._zero)
 
+    def refuse_non_finite_scale(self):
+        """Graph: raise ``ValueError`` if the scale is not finite; returns the scale. For the branch that skips a
+        step, after the update rule ran (a dynamic rule brings an inf scale back within its bounds): a non-finite
+        fixed scale written into a running cell (``load_param_into_net``, ``Parameter.set_data``) would skip every
+        step from then on. MindSpore runs no later step of a graph that raised: build the cell again."""
+        scale = self.scale_value.reshape(())
+        if not ops.isfinite(scale):
+            raise ValueError("the loss scale is not finite (it was written into the running cell, by "
+                             "load_param_into_net or set_data?): every step would be skipped. Set a finite scale "
+                             "with set_sense_scale() or load_state_dict().")
+        return scale
+
     def adjust(self, *positional, overflow=None):
         """Apply the update rule to the scale for this step's ``overflow`` (True: back off); return ``overflow``.
 

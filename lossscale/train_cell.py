@@ -38,7 +38,7 @@ from lossscale._validation import check_bool, check_int_in_range, read_only
 from lossscale.accumulation import GradientAccumulation
 from lossscale.bookkeeping import (INT32_MAX, OVERFLOW_POLICIES, OverflowCounters, OverflowForensics,  # noqa: F401
                                    PersistentOverflowError, PersistentOverflowPolicy, check_debug_flag)
-from lossscale.checkpoints import check_cell_state, checkpoint_choice
+from lossscale.checkpoints import CheckpointReceiver, check_cell_state, checkpoint_choice, take_received_state
 from lossscale.clipping import GlobalNormClip, global_norm
 from lossscale.running_statistics import RunningStatistics
 from lossscale.scaler import LossScaler, check_optimizer_loss_scale, refuse_bfloat16_on_cpu
@@ -200,6 +200,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
         if self._accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
             self.loss_scaler.update_cell.bind_micro_step(self._accumulation.micro_step)  # for the manager's counts
+        self.checkpoint_receiver = CheckpointReceiver(self._accumulation is not None, self.loss_scaler.update_cell)
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
@@ -332,7 +333,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     def check_state(self):
         """Raise ``ValueError`` if the loss-scale state (e.g. as a checkpoint loaded it) cannot be trained with
         (:func:`lossscale.checkpoints.check_cell_state`). Runs by itself before the first step; call it after
-        loading a checkpoint into a cell that has already run. One host sync."""
+        loading a checkpoint into a cell that has already run. What a checkpoint of another configuration held
+        (:class:`lossscale.checkpoints.CheckpointReceiver`) is refused or translated first. One host sync."""
+        take_received_state(self)
         check_cell_state(self)
         self.state_checked()
 
@@ -481,6 +484,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         if self._drop_overflow_update:
             if not overflow:
                 overflow = ops.depend(overflow, self.optimizer(grads))
+            else:
+                overflow = ops.depend(overflow, self.loss_scaler.refuse_non_finite_scale())
         else:
             overflow = ops.depend(overflow, self.optimizer(grads))
         return overflow, norm, learning_rate

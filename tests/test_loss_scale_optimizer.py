@@ -788,6 +788,34 @@ def test_default_names_follow_the_inner_optimizer_so_wrappers_resume_in_any_orde
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+def test_a_checkpoint_of_a_wrapper_with_another_growth_interval_is_reported(tmp_path, compiled):
+    """Three clean steps counted under dynamic_growth_steps=4, loaded into a wrapper with 2: the count is beyond
+    its window, reported when the step is compiled, before anything is applied; check_state() says it too."""
+    def build(name, growth_steps):
+        net = regression_net()
+        opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=2.0**10,
+                                 dynamic_growth_steps=growth_steps, name=name)
+        return net, opt, keras_step(net, opt)
+
+    _, saved, step = build(f"keras_window4_{compiled}", 4)
+    for x, y in regression_batches(3):
+        step(Tensor(x), Tensor(y))
+    path = str(tmp_path / "window4.ckpt")
+    ms.save_checkpoint(saved, path)
+    net, resumed, step = build(f"keras_window2_{compiled}", 2)
+    checkpoint = {key.replace("window4", "window2", 1): value for key, value in ms.load_checkpoint(path).items()}
+    ms.load_param_into_net(resumed, checkpoint)
+    step = ms.jit(step) if compiled else step
+    before = training_state(net)
+    refusal = r"'keras_window2_\w+\.good_steps' must be an int in \[0, 1\], but got 3.*dynamic_growth_steps=2"
+    with pytest.raises(ValueError, match=refusal):
+        _read(step(*(Tensor(a) for a in regression_batches(1)[0])))
+    assert changed_since(before, net) == []
+    with pytest.raises(ValueError, match=refusal):
+        resumed.check_state()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compiled):
     """As in tf.keras (a Python constant): a fixed wrapper holds no scale Parameter, so a checkpoint of a dynamic
     wrapper of the same name leaves its scale alone (was: the fixed scale silently became the saved one, while

@@ -180,8 +180,14 @@ class NumberScaleStep:
     scale_sense = 1024
 
 
-@pytest.mark.parametrize("make_cell", [LossOnlyStep, lambda outputs: NumberScaleStep()],
-                         ids=["scale_parameter", "scale_number"])
+def _mindspore_plain_cell(outputs):
+    """MindSpore's nn.TrainOneStepCell with a fixed sens (its loss scale, a Python number): returns the loss."""
+    net = nn.WithLossCell(nn.Dense(2, 1), nn.MSELoss())
+    return nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.1), sens=1024.0)
+
+
+@pytest.mark.parametrize("make_cell", [LossOnlyStep, lambda outputs: NumberScaleStep(), _mindspore_plain_cell],
+                         ids=["scale_parameter", "scale_number", "mindspore_sens"])
 @pytest.mark.parametrize("outputs", [Tensor(np.float32(0.5)), (Tensor(np.float32(0.5)), Tensor(True))],
                          ids=["loss", "loss_overflow"])
 def test_scale_is_read_from_a_cell_that_does_not_return_it(outputs, make_cell):

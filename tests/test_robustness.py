@@ -221,6 +221,30 @@ def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_pa
     assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
 
 
+def test_load_param_into_net_continues_a_checkpoint_of_mindspores_own_cell_as_restore_loss_scale(tmp_path):
+    """The same checkpoint loaded the usual MindSpore way, into the train cell: its step counters are received under
+    their names and become the clean-step count before the next step (growth came up to a window late), and the
+    counters are put back to a fresh cell's, so that a later check does not apply them again."""
+    uninterrupted = _dynamic_cell()
+    flags, scales = _run(uninterrupted, BATCHES, inject={1, 4})
+    theirs = _MindSporeLossScaleState(2.0**12, 2)
+    for flag in flags[:6]:
+        theirs(Tensor(flag))
+    resumed = _dynamic_cell()
+    ms.load_param_into_net(resumed, _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt"))
+    assert _run(resumed, BATCHES[6:7]) == (flags[6:7], scales[6:7]) and scales[6] == 2 * scales[5]
+    resumed.check_state()
+    assert _run(resumed, BATCHES[7:]) == (flags[7:], scales[7:])
+    longer_window = _MindSporeLossScaleState(2.0**12, 8)  # 3 clean steps: more than a window of 2 allows
+    for _ in range(3):
+        longer_window(Tensor(False))
+    target = _dynamic_cell()
+    ms.load_param_into_net(target, _checkpoint(longer_window, tmp_path / "window8.ckpt"))
+    with pytest.raises(ValueError, match="loss_scale_good_steps"):
+        target(*(Tensor(a) for a in BATCHES[0]))
+    assert target.state_dict()["good_steps"] == 0 and target.overflow_counters()["steps"] == 0
+
+
 @pytest.mark.parametrize("ours, expected", [(None, 1), (0, 0)], ids=["MindSpore's only", "both"])
 def test_restore_loss_scale_translates_mindspores_counters_only_without_ours(ours, expected, tmp_path):
     """A checkpoint holding our clean-step count as well as MindSpore's step numbers restores ours as saved; the
@@ -405,6 +429,56 @@ def test_restore_loss_scale_refuses_a_mid_window_checkpoint_it_cannot_continue(t
         with pytest.raises(ValueError, match=error):
             restore_loss_scale(target, state)
         assert changed_since(before, target, snapshot) == []
+
+
+def test_load_param_into_net_of_a_mid_window_checkpoint_into_a_cell_without_accumulation_is_refused(tmp_path):
+    """As restore_loss_scale refuses it: the micro-batch count is received under its name, and the check before the
+    first step refuses it (the window's micro-batches would be lost), changing nothing."""
+    uninterrupted = _accumulating_cell()
+    _run(uninterrupted, BATCHES[:3])  # one micro-batch into the second window
+    target = _dynamic_cell()
+    ms.load_param_into_net(target, _checkpoint(uninterrupted, tmp_path / "mid.ckpt"))
+    before = snapshot(target)
+    with pytest.raises(ValueError, match=r"inside an accumulation window \(loss_scale_micro_step=1\).* has no "
+                                         r"accumulation \(accumulation_steps=1\)"):
+        target(*(Tensor(a) for a in BATCHES[3]))
+    assert changed_since(before, target, snapshot) == []
+
+
+def _write_inf_with_set_data(cell):
+    cell.scale_sense.set_data(Tensor(np.float32(np.inf)))
+
+
+def _write_inf_with_load_param_into_net(cell):
+    ms.load_param_into_net(cell, {"scale_sense": Parameter(Tensor(np.float32(np.inf)), name="scale_sense")})
+
+
+@pytest.mark.parametrize("write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net],
+                         ids=["set_data", "load_param_into_net"])
+@pytest.mark.parametrize("scale_sense", [lambda: Tensor(np.float32(8.0)), lambda: FixedLossScaleUpdateCell(8.0)],
+                         ids=["Tensor", "fixed update cell"])
+def test_a_non_finite_fixed_scale_written_into_a_running_cell_is_refused(scale_sense, write):
+    """Every step would be skipped from then on (the checks before the first step do not run again): the step
+    that would skip raises instead, having applied nothing."""
+    net = regression_net()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), scale_sense())
+    assert _run(cell, BATCHES[:1]) == ([False], [8.0])
+    write(cell)
+    before = training_state(cell)
+    with pytest.raises(ValueError, match="the loss scale is not finite .*every step would be skipped"):
+        _run(cell, BATCHES[1:2])
+    assert changed_since(before, cell) == []
+
+
+@pytest.mark.parametrize("write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net],
+                         ids=["set_data", "load_param_into_net"])
+def test_a_non_finite_dynamic_scale_written_into_a_running_cell_is_brought_back_by_its_rule(write):
+    """The rule backs off from inf as from the largest float32 scale, skipping one step."""
+    cell = _dynamic_cell()
+    _run(cell, BATCHES[:1])
+    write(cell)
+    half = float(np.finfo(np.float32).max) / 2
+    assert _run(cell, BATCHES[1:3]) == ([True, False], [half, half])
 
 
 # ---- decisions -------------------------------------------------------------------------------------
