@@ -16,3 +16,13 @@ def format_scale(scale):
         if mantissa == 0.5:
             return f"2**{exponent - 1}"
     return f"{scale:g}"
+
+
+def plural(count, word):
+    """``count`` and ``word``, with an ``s`` unless ``count`` is 1.
+
+    Example:
+        >>> plural(1, "step"), plural(3, "step"), plural(0, "step")
+        ('1 step', '3 steps', '0 steps')
+    """
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"

@@ -9,6 +9,8 @@ import numbers
 import numpy as np
 
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+INT32_MAX = 2**31 - 1
 
 
 class AssertionValueError(ValueError, AssertionError):

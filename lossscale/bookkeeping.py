@@ -19,12 +19,12 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale._validation import check_bool, check_int_in_range
+from lossscale._text import plural
+from lossscale._validation import INT32_MAX, check_bool, check_int_in_range
 from lossscale._warnings import warn_at_caller
 from lossscale.accumulation import counter
 from lossscale.overflow import nonfinite_per_tensor, zero_or_nan
 
-INT32_MAX = 2**31 - 1
 OVERFLOW_POLICIES = ("skip", "warn", "raise")
 LOGGER = logging.getLogger("lossscale")
 
@@ -109,6 +109,12 @@ class OverflowForensics(nn.Cell):
                        entry["loss_nonfinite"], ", ".join(entry["parameters"]) or "none")
 
 
+# What the persistent-overflow message advises (the command line gives its own options instead).
+PERSISTENT_OVERFLOW_ADVICE = ("Try: debug_overflow=True to name the parameters with non-finite gradients, check the "
+                              "inputs for inf/nan, lower the learning rate, clip gradients (clip_global_norm), keep "
+                              "the unstable layers in float32, or lower min_loss_scale.")
+
+
 class PersistentOverflowPolicy:
     """Host-side reaction to persistent overflow: ``"skip"`` (nothing), ``"warn"`` (once) or ``"raise"``.
 
@@ -144,10 +150,8 @@ class PersistentOverflowPolicy:
                   f"{counters['consecutive_overflows']} consecutive overflowing steps "
                   f"(max_consecutive_overflows={self.max_consecutive_overflows})")
         message = (f"Persistent overflow at step {counters['steps']}: {reason}; loss scale {scale:g}, "
-                   f"{counters['skipped_steps']} steps skipped so far. Every overflowing step is skipped, so "
-                   f"training is not progressing. Try: debug_overflow=True to name the parameters with "
-                   f"non-finite gradients, check the inputs for inf/nan, lower the learning rate, clip "
-                   f"gradients (clip_global_norm), keep the unstable layers in float32, or lower min_loss_scale.")
+                   f"{plural(counters['skipped_steps'], 'step')} skipped so far. Every overflowing step is skipped, "
+                   f"so training is not progressing. {PERSISTENT_OVERFLOW_ADVICE}")
         if self.policy == "raise":
             raise PersistentOverflowError(message)
         if not self._warned:

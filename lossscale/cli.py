@@ -10,8 +10,9 @@
 - ``inspect``: histogram of log2|gradient| against the float16 range, the fraction lost at a
   given scale, and the largest scale without overflow, at the initial weights or along training.
 
-Exit codes: 0 success; 1 training stopped by persistent overflow (``--overflow-policy raise``);
-2 a usage error, an unavailable device or an unwritable output folder (one line on stderr).
+Exit codes: 0 success; 1 training stopped by persistent overflow (``--overflow-policy raise``) or a
+``train`` run in which no step was applied (every step overflowed); 2 a usage error, an unavailable
+device or an unwritable output folder (one line on stderr).
 MindSpore and NumPy are imported only once a command runs, so ``--help`` and ``--version`` are
 immediate. Unless the environment sets ``ONEDNN_MAX_CPU_ISA``, a command limits oneDNN's CPU kernels to AVX2: with
 MindSpore 2.10 on an AVX-512 CPU, convolutions are then about 25 times faster (:mod:`lossscale._cpu_kernels`).
@@ -26,8 +27,8 @@ import time
 import warnings
 
 from lossscale._cpu_kernels import prefer_fast_cpu_convolutions
-from lossscale._text import format_scale
-from lossscale._validation import FLOAT32_MAX
+from lossscale._text import format_scale, plural
+from lossscale._validation import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
 
 EXIT_OK, EXIT_STALLED, EXIT_USAGE = 0, 1, 2
 PRECISIONS = {"fp32": "O0", "O0": "O0", "O2": "O2", "O3": "O3"}
@@ -85,9 +86,13 @@ def _number(convert, description, check):
     return parse
 
 
-_positive_int = _number(int, "a positive integer", lambda v: v > 0)
+# Counts (epochs, windows, batches, workers) and factors (learning rate, loss weight) as MindSpore holds them: int32
+# and float32 (a larger epoch count failed inside MindSpore's dataset, a loss weight of 1e39 was inf).
+_positive_int = _number(int, f"an integer in [1, {INT32_MAX}]", lambda v: 1 <= v <= INT32_MAX)
+_non_negative_int = _number(int, f"an integer in [0, {INT32_MAX}]", lambda v: 0 <= v <= INT32_MAX)
 _seed = _number(int, "an integer in [0, 2**32-1]", lambda v: 0 <= v < 2**32)
-_positive_float = _number(float, "a finite number > 0", lambda v: math.isfinite(v) and v > 0)
+_positive_float = _number(float, "a number in [1.2e-38, 3.4e38] (float32's normal range)",
+                          lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX)
 # A loss scale is a float32 Parameter: a larger number would be inf.
 _scale_value = _number(float, "a number in [1, 3.4e38] (float32's range)", lambda v: 1 <= v <= FLOAT32_MAX)
 _probe_scale = _number(float, "a number in (0, 3.4e38] (float32's range)", lambda v: 0 < v <= FLOAT32_MAX)
@@ -147,7 +152,8 @@ def _manager(kind, value, drop=True):
 
 def prepare_output(path, command, announce=True):
     """Create ``path`` if needed and check it is writable; say which earlier results it replaces (unless not
-    ``announce``: the workers that ``--workers`` launches, whose launcher said it already)."""
+    ``announce``: the workers that ``--workers`` launches, whose launcher said it already), then remove them, so
+    that a file this run does not write (a plot it could not draw) never sits beside its results."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path):
@@ -157,6 +163,8 @@ def prepare_output(path, command, announce=True):
     replaced = [name for name in OUTPUT_FILES[command] if os.path.exists(os.path.join(path, name))]
     if replaced and announce:
         print(f"note: replacing {', '.join(replaced)} in {path}", file=sys.stderr)
+    for name in replaced:
+        os.remove(os.path.join(path, name))
     return os.path.abspath(path)
 
 
@@ -211,9 +219,6 @@ def _add_model_and_data(parser, defaults, batch_help="images per step"):
                              "Adam is nearly invariant to it in fp32, float16 gradients are not")
     parser.add_argument("--device", choices=("CPU", "GPU", "Ascend"), default=None,
                         help="MindSpore device target (default: MindSpore's own)")
-
-
-_non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
 
 
 def _add_training(parser, epochs, epochs_help="passes over the 1438 training images", lr_help="Adam learning rate"):
@@ -412,7 +417,7 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     try:
         trained.train(epochs, train_data, callbacks=callbacks)
     except PersistentOverflowError as error:
-        raise TrainingStalled(str(error)) from None
+        raise TrainingStalled(command_line_advice(str(error))) from None
     test_data = make_dataset(x_test, y_test, 64, network.input_layout, drop_remainder=False)
     accuracy = float(trained.eval(test_data)["accuracy"])
     summary = monitor.summary()
@@ -433,12 +438,42 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     }
 
 
+# What to try when overflow stalls training, in the command line's own options.
+CLI_OVERFLOW_ADVICE = ("Try: lossscale inspect (where the gradients fall in the float16 range), a lower --lr, "
+                       "--loss-scale dynamic or a smaller fixed:S, or --precision fp32 to compare.")
+
+
+def command_line_advice(message):
+    """A library message about persistent overflow with its advice and its argument names (the library's)
+    replaced by the command line's (:data:`CLI_OVERFLOW_ADVICE`, ``--max-consecutive-overflows``)."""
+    from lossscale.bookkeeping import PERSISTENT_OVERFLOW_ADVICE  # pylint: disable=import-outside-toplevel
+
+    return message.replace(PERSISTENT_OVERFLOW_ADVICE, CLI_OVERFLOW_ADVICE).replace(
+        "(max_consecutive_overflows=", "(--max-consecutive-overflows ")
+
+
+def nothing_trained(result):
+    """The one-line error for a run in which no step was applied (every step overflowed), or None.
+
+    Example:
+        >>> print(nothing_trained({"records": [{"overflow": True}]}))
+        nothing was trained: the 1 step overflowed and was skipped. Try: lossscale inspect (where the gradients fall in the float16 range), a lower --lr, --loss-scale dynamic or a smaller fixed:S, or --precision fp32 to compare.
+    """
+    flags = [record["overflow"] for record in result["records"]]
+    if not flags or not all(flags):
+        return None
+    steps = "the 1 step overflowed and was skipped" if len(flags) == 1 else (
+        f"all {len(flags)} steps overflowed and were skipped")
+    return f"nothing was trained: {steps}. {CLI_OVERFLOW_ADVICE}"
+
+
 def stall_warning(result):
     """The warning for a run whose steps were mostly skipped by overflow, or None.
 
     The backoffs of a dynamic scale at the start of training (from 2**24, say) are how it finds its
-    level, so steps are counted from the first applied one. A run is stalled when no step was applied,
-    or when at least :data:`STALLED_SHARE` of the later steps (and at least 5) were skipped.
+    level, so steps are counted from the first applied one. A run is stalled when at least
+    :data:`STALLED_SHARE` of the later steps (and at least 5) were skipped; a run in which no step was applied
+    is :func:`nothing_trained`'s.
 
     Example:
         >>> records = [{"overflow": flag} for flag in [True] * 3 + [False, True, True] * 3]
@@ -447,11 +482,10 @@ def stall_warning(result):
     """
     flags = [record["overflow"] for record in result["records"]]
     skipped = sum(flags)
-    if False in flags:
-        later = flags[flags.index(False):]
-        if sum(later) < max(5, STALLED_SHARE * len(later)):
-            return None
-    elif not flags:
+    if False not in flags:
+        return None  # nothing applied, or nothing run: nothing_trained() says so
+    later = flags[flags.index(False):]
+    if sum(later) < max(5, STALLED_SHARE * len(later)):
         return None
     label = result["config"]["loss_scale"]
     if label.startswith("fixed:"):
@@ -460,8 +494,9 @@ def stall_warning(result):
     else:
         advice = ("Look for inf/nan in the data or the model (a lower --lr often helps), or train in fp32 to "
                   "compare.")
-    return (f"WARNING: overflow stalled training: {skipped} of {len(flags)} steps ({100 * skipped / len(flags):.0f}%) "
-            f"were skipped, so the weights were updated on {len(flags) - skipped} steps only. {advice}")
+    return (f"WARNING: overflow stalled training: {skipped} of {plural(len(flags), 'step')} "
+            f"({100 * skipped / len(flags):.0f}%) were skipped, so the weights were updated on "
+            f"{plural(len(flags) - skipped, 'step')} only. {advice}")
 
 
 def _unweighted(result):
@@ -544,7 +579,8 @@ def command_train(args):
     monitor.records = result["records"]
     monitor.write_csv(os.path.join(output, "metrics.csv"))
     warning = stall_warning(result)
-    _write_json(os.path.join(output, "summary.json"), dict(_public(result), stalled_by_overflow=warning is not None))
+    stalled = warning is not None or nothing_trained(result) is not None
+    _write_json(os.path.join(output, "summary.json"), dict(_public(result), stalled_by_overflow=stalled))
     config = result["config"]
     final_loss = result["final_loss"] / config["loss_weight"] if result["final_loss"] is not None else float("nan")
     print(f"test accuracy: {100 * result['test_accuracy']:.2f}%   final loss: {final_loss:.4f}   "
@@ -554,6 +590,9 @@ def command_train(args):
     _try_plot(plot_training, _unweighted(result), os.path.join(output, "training.png"), title)
     if warning:
         print(warning, file=sys.stderr)
+    nothing = nothing_trained(result)
+    if nothing:
+        raise TrainingStalled(nothing)
     return EXIT_OK
 
 
@@ -821,8 +860,9 @@ def _quiet_mindspore():
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # pylint: disable=unused-argument
-    """Warnings during a command as one line each, without the source location."""
-    print(f"lossscale: warning: {message}", file=sys.stderr)
+    """Warnings during a command as one line each, without the source location, advising the command line's
+    options."""
+    print(f"lossscale: warning: {command_line_advice(str(message))}", file=sys.stderr)
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ from mindspore import Tensor
 from mindspore.train import Callback
 
 from lossscale._parameters import host_array, host_flags
-from lossscale._text import format_scale
+from lossscale._text import format_scale, plural
 from lossscale._validation import check_bool, check_int_in_range
 from lossscale.accumulation import GradientAccumulation
 
@@ -269,8 +269,8 @@ class LossScaleMonitor(Callback):
         if not s["steps"]:
             return "loss scaling: no steps recorded" + self._open_window_text()
         share = 100.0 * s["skipped_steps"] / s["steps"]
-        text = (f"loss scaling: {s['steps']} steps, {s['skipped_steps']} skipped ({share:.1f}%) in "
-                f"{s['overflow_events']} overflow events; scale min {format_scale(s['min_loss_scale'])}, "
+        text = (f"loss scaling: {plural(s['steps'], 'step')}, {s['skipped_steps']} skipped ({share:.1f}%) in "
+                f"{plural(s['overflow_events'], 'overflow event')}; scale min {format_scale(s['min_loss_scale'])}, "
                 f"max {format_scale(s['max_loss_scale'])}, final {format_scale(s['final_loss_scale'])}")
         if self.device_counters:
             c = self.device_counters

@@ -24,15 +24,29 @@ def _pyplot():
     return plt
 
 
+def _plottable(value):
+    """Whether ``value`` can be drawn on a logarithmic axis (finite and > 0)."""
+    return math.isfinite(value) and value > 0
+
+
 def _draw_scale(axis, records, label=None, color=None):
-    steps = [r["step"] for r in records]
-    axis.step(steps, [r["loss_scale"] for r in records], where="post", label=label, color=color)
-    skipped = [r for r in records if r["overflow"]]
+    """The scale each step used (log2 axis; a scale of 0 or inf is left out), overflows marked."""
+    drawn = [r for r in records if _plottable(r["loss_scale"])]
+    axis.step([r["step"] for r in drawn], [r["loss_scale"] for r in drawn], where="post", label=label, color=color)
+    skipped = [r for r in drawn if r["overflow"]]
     if skipped:
         axis.plot([r["step"] for r in skipped], [r["loss_scale"] for r in skipped], "x", color=color or "red",
                   markersize=4, label=None if label else "overflow (step skipped)")
-    axis.set_yscale("log", base=2)
+    if drawn:
+        axis.set_yscale("log", base=2)
     axis.set_ylabel("loss scale")
+
+
+def _draw_loss(axis, records, **style):
+    """The training loss per step (log axis; non-finite and non-positive losses are left out)."""
+    drawn = [r for r in records if _plottable(r["loss"])]
+    axis.plot([r["step"] for r in drawn], [r["loss"] for r in drawn], linewidth=0.8, **style)
+    return bool(drawn)
 
 
 def _legend(axis):
@@ -41,9 +55,10 @@ def _legend(axis):
         axis.legend(loc="best")
 
 
-def _finish(plt, figure, top, bottom, title, path):
+def _finish(plt, figure, top, bottom, title, path, loss_drawn=True):
     """Shared tail of the two-panel plots: labels, legends (where something is labelled), save, close."""
-    top.set_yscale("log")
+    if loss_drawn:
+        top.set_yscale("log")
     top.set_ylabel("training loss")
     top.set_title(title)
     _legend(top)
@@ -59,10 +74,9 @@ def plot_training(records, path, title):
     """Loss (top) and loss scale with skipped steps marked (bottom) over training steps."""
     plt = _pyplot()
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
-    finite = [r for r in records if math.isfinite(r["loss"])]
-    top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8)
+    drawn = _draw_loss(top, records)
     _draw_scale(bottom, records)
-    return _finish(plt, figure, top, bottom, title, path)
+    return _finish(plt, figure, top, bottom, title, path, drawn)
 
 
 def plot_comparison(runs, path, title):
@@ -72,13 +86,13 @@ def plot_comparison(runs, path, title):
     """
     plt = _pyplot()
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 7))
+    drawn = False
     for index, (label, records) in enumerate(runs.items()):
         color = f"C{index}"
-        finite = [r for r in records if math.isfinite(r["loss"])]
-        top.plot([r["step"] for r in finite], [r["loss"] for r in finite], linewidth=0.8, label=label, color=color)
+        drawn = _draw_loss(top, records, label=label, color=color) or drawn
         if len({r["loss_scale"] for r in records}) > 1 or records and records[0]["loss_scale"] != 1.0:
             _draw_scale(bottom, records, label=label, color=color)
-    return _finish(plt, figure, top, bottom, title, path)
+    return _finish(plt, figure, top, bottom, title, path, drawn)
 
 
 def plot_histogram(log2_magnitudes, scale, path, title):

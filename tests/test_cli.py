@@ -11,8 +11,9 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from lossscale.cli import (EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, comparison_verdict,
-                           main, parse_loss_scale, run_training, scale_advice, stall_warning)
+from lossscale.cli import (CLI_OVERFLOW_ADVICE, EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser,
+                           comparison_verdict, main, nothing_trained, parse_loss_scale, run_training, scale_advice,
+                           stall_warning)
 from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 from lossscale.distributed import LAUNCHED_MARK
 
@@ -114,10 +115,13 @@ def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsy
 
 
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """No plot, and not the previous run's plot either beside this run's results."""
+    (tmp_path / "training.png").write_bytes(b"an earlier run's plot")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["train", *TINY, "--loss-scale", "fixed:128", "--output", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "plot: matplotlib is not installed" in out and "Traceback" not in out
+    assert f"note: replacing training.png in {tmp_path}" in err
     assert not (tmp_path / "training.png").exists() and (tmp_path / "metrics.csv").exists()
 
 
@@ -141,32 +145,46 @@ def _records(flags):
 
 @pytest.mark.parametrize("flags, stalled", [
     ([], False),  # no step at all: nothing to warn about
-    ([True] * 3, True),  # no step applied
+    ([True] * 3, False),  # no step applied: nothing_trained's error instead
     ([True] * 20 + [False] + [True] * 5 + [False] * 44, True),  # 5 of the 50 steps from the first applied one
     ([True] * 20 + [False] + [True] * 4 + [False] * 45, False),  # 4: fewer than 5
     ([False] + [True] * 6 + [False] * 63, False),  # 6 of 70: fewer than 10%
     ([False] + [True] * 7 + [False] * 62, True),  # 7 of 70: 10%
 ])
 def test_stall_warning_counts_from_the_first_applied_step(flags, stalled):
-    """Stalled: no step applied, or at least 10% (and at least 5) of the steps from the first applied one skipped;
-    the backoffs before it are how a dynamic scale finds its level."""
+    """Stalled: at least 10% (and at least 5) of the steps from the first applied one skipped; the backoffs before
+    it are how a dynamic scale finds its level. A run with no step applied has nothing_trained's error."""
     warning = stall_warning(_records(flags))
     assert (warning is not None) == stalled, warning
     if stalled:
         assert f"{sum(flags)} of {len(flags)} steps" in warning
+    assert (nothing_trained(_records(flags)) is not None) == (bool(flags) and all(flags))
+
+
+def test_counts_of_one_read_in_the_singular():
+    assert "the weights were updated on 1 step only" in stall_warning(_records([False] + [True] * 5))
+    assert "nothing was trained: the 1 step overflowed and was skipped." in nothing_trained(_records([True]))
 
 
 def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
+    """A run that applied no step exits 1 with one line saying so, after writing its results; the advice names the
+    command line's options, never the library's (debug_overflow=True, min_loss_scale have no flag)."""
     too_large = ["train", *TINY, "--loss-scale", "fixed:1e10"]
-    assert main([*too_large, "--max-consecutive-overflows", "3", "--output", str(tmp_path / "warn")]) == 0
+    assert main([*too_large, "--max-consecutive-overflows", "3", "--output", str(tmp_path / "warn")]) == EXIT_STALLED
     err = capsys.readouterr().err
-    assert "WARNING: overflow stalled training: 11 of 11 steps (100%) were skipped" in err
     persistent = [line for line in err.splitlines() if line.startswith("lossscale: warning: Persistent overflow")]
-    assert len(persistent) == 1 and "at step 3: 3 consecutive overflowing steps" in persistent[0]  # warn: once
+    assert len(persistent) == 1 and "at step 3: 3 consecutive overflowing steps (--max-consecutive-overflows " \
+                                    "3)" in persistent[0]  # warn: once
+    stopped = [line for line in err.splitlines() if line.startswith("lossscale: training stopped: ")]
+    assert stopped == ["lossscale: training stopped: nothing was trained: all 11 steps overflowed and were skipped. "
+                       f"{CLI_OVERFLOW_ADVICE}"]
+    assert "debug_overflow" not in err and "min_loss_scale" not in err and "WARNING" not in err
     assert json.loads((tmp_path / "warn" / "summary.json").read_text())["stalled_by_overflow"] is True
     assert main([*too_large, "--overflow-policy", "raise", "--max-consecutive-overflows", "3",
                  "--output", str(tmp_path / "raise")]) == EXIT_STALLED
-    _one_error_line(capsys, "3 consecutive overflowing steps", prefix="lossscale: training stopped: ")
+    _one_error_line(capsys, f"3 consecutive overflowing steps (--max-consecutive-overflows 3); loss scale 1e+10, "
+                            f"3 steps skipped so far. Every overflowing step is skipped, so training is not "
+                            f"progressing. {CLI_OVERFLOW_ADVICE}", prefix="lossscale: training stopped: ")
 
 
 GPU = "GPU is available" if ms.hal.is_available("GPU") else None
@@ -181,25 +199,32 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
     (["train", "--loss-scale", "fixed:nan"], "but got 'nan'"),
     (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
     (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
-    (["train", "--epochs", "0"], "--epochs: must be a positive integer, got '0'"),
-    (["train", "--epochs", "1.5"], "--epochs: must be a positive integer, got '1.5'"),
-    (["train", "--batch-size", "-3"], "--batch-size: must be a positive integer"),
+    (["train", "--epochs", "0"], "--epochs: must be an integer in [1, 2147483647], got '0'"),
+    (["train", "--epochs", "1.5"], "--epochs: must be an integer in [1, 2147483647], got '1.5'"),
+    (["train", "--batch-size", "-3"], "--batch-size: must be an integer in [1, 2147483647]"),
     (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
     (["train", "--workers", "2", "--batch-size", "720"],  # said "larger than the 1438", from a worker, after msrun
      "--batch-size 720 is larger than the 719 training images of each of the 2 workers (1438 in all)"),
     (["train", "--workers", "3", "--batch-size", "481"],  # MindSpore gives each of 3 workers ceil(1438 / 3) images
      "--batch-size 481 is larger than the 480 training images of each of the 3 workers (1438 in all)"),
     (["train", "--precision", "fp8"], "--precision"),
-    (["train", "--lr", "-1"], "--lr: must be a finite number > 0, got '-1'"),
-    (["train", "--lr", "nan"], "--lr: must be a finite number > 0, got 'nan'"),
-    (["train", "--lr", "inf"], "--lr: must be a finite number > 0, got 'inf'"),
+    (["train", "--lr", "-1"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got '-1'"),
+    (["train", "--lr", "nan"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'nan'"),
+    (["train", "--lr", "inf"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'inf'"),
     (["train", "--seed", "-1"], "--seed: must be an integer in [0, 2**32-1], got '-1'"),
     (["train", "--seed", "4294967296"], "--seed: must be an integer in [0, 2**32-1]"),
-    (["train", "--loss-weight", "0"], "--loss-weight: must be a finite number > 0"),
-    (["train", "--scale-window", "0"], "--scale-window: must be a positive integer"),
-    (["train", "--workers", "0"], "--workers: must be a positive integer"),
+    (["train", "--loss-weight", "0"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
+    (["train", "--scale-window", "0"], "--scale-window: must be an integer in [1, 2147483647]"),
+    # Beyond int32 or float32: MindSpore's error (a traceback, exit 1), or a loss weight of inf that trained nothing
+    (["train", "--scale-window", "99999999999"], "--scale-window: must be an integer in [1, 2147483647], got"),
+    (["train", "--epochs", "100000000000"], "--epochs: must be an integer in [1, 2147483647], got"),
+    (["train", "--loss-weight", "1e39"], "--loss-weight: must be a number in [1.2e-38, 3.4e38] (float32's normal "
+                                         "range), got '1e39'"),
+    (["train", "--loss-weight", "1e-39"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
+    (["train", "--lr", "1e39"], "--lr: must be a number in [1.2e-38, 3.4e38]"),
+    (["train", "--workers", "0"], "--workers: must be an integer in [1, 2147483647]"),
     (["train", "--overflow-policy", "ignore"], "--overflow-policy"),
-    (["train", "--max-consecutive-overflows", "0"], "--max-consecutive-overflows: must be a positive integer"),
+    (["train", "--max-consecutive-overflows", "0"], "--max-consecutive-overflows: must be an integer in [1, 2147483647]"),
     (["train", "--device", "TPU"], "--device"),
     pytest.param(["train", "--device", "GPU"], "--device GPU is not available", marks=pytest.mark.skipif(
         GPU is not None, reason="this machine has a GPU")),
@@ -212,8 +237,8 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
     (["inspect", "--scale", "1e39"], "--scale: must be a number in (0, 3.4e38]"),
     (["inspect", "--scale", "inf"], "--scale: must be a number in (0, 3.4e38]"),
     (["inspect", "--precision", "O0"], "--precision: invalid choice: 'O0'"),
-    (["inspect", "--epochs", "-1"], "--epochs: must be an integer >= 0, got '-1'"),
-    (["inspect", "--batches", "0"], "--batches: must be a positive integer"),
+    (["inspect", "--epochs", "-1"], "--epochs: must be an integer in [0, 2147483647], got '-1'"),
+    (["inspect", "--batches", "0"], "--batches: must be an integer in [1, 2147483647]"),
     (["inspect", "--loss-scale", "dynamic"], "unrecognized arguments: --loss-scale"),
     (["inspect", "--batch-size", "1439"], "--batch-size 1439 is larger than the 1438 training images"),
     (["compare", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
@@ -289,10 +314,12 @@ def test_inspect_advice_holds_for_the_training_it_describes(tmp_path, capsys):
 
 
 def test_train_with_a_preset(tmp_path):
-    assert main(["train", *TINY, "--loss-scale", "preset:megatron", "--output", str(tmp_path)]) == 0
+    """Megatron's rule starts at 2**32 and backs off after two overflows: 44 steps of 32 images find its level."""
+    arguments = ["train", *TINY, "--batch-size", "32", "--loss-scale", "preset:megatron", "--output", str(tmp_path)]
+    assert main(arguments) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["loss_scale"] == "preset:megatron"
-    assert summary["summary"]["max_loss_scale"] <= 2.0**32
+    assert summary["summary"]["max_loss_scale"] == 2.0**32 and summary["summary"]["skipped_steps"] < 44
 
 
 def test_parse_loss_scale():

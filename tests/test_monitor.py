@@ -301,7 +301,7 @@ def test_a_csv_that_cannot_be_written_does_not_cost_the_summary(tmp_path):
     monitor.record(1, 0.5, 1024.0, True, 512.0)
     with pytest.raises(OSError):
         monitor.on_train_end(_context(None, None))
-    assert "1 steps, 1 skipped" in stream.getvalue() and len(monitor.records) == 1
+    assert "1 step, 1 skipped" in stream.getvalue() and len(monitor.records) == 1
 
 
 def test_a_csv_path_that_cannot_be_written_fails_before_the_first_step(tmp_path):

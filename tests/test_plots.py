@@ -70,6 +70,21 @@ def test_training_plot_draws_finite_losses_and_marks_the_skipped_steps_on_the_sc
     assert (_legend_texts(top), _legend_texts(bottom)) == ([], ["overflow (step skipped)"])
 
 
+@pytest.mark.parametrize("losses, scales, drawn_losses, drawn_scales, log_axes", [
+    # every step skipped at a scale backed off to 0 (a loss weighted to inf): log axes of nothing failed to draw
+    ([math.inf] * 3, [2.0, 1.0, 0.0], [], [0, 1], ("linear", "log")),
+    ([math.nan, 0.0, -1.0], [0.0, 0.0, 0.0], [], [], ("linear", "linear")),
+    ([1.0, 0.5, 0.25], [math.inf, 4.0, 4.0], [0, 1, 2], [1, 2], ("log", "log")),
+], ids=["scale_backed_off_to_zero", "nothing_positive", "inf_scale"])
+def test_training_plot_leaves_out_what_a_log_axis_cannot_show(drawn, losses, scales, drawn_losses, drawn_scales,
+                                                             log_axes):
+    plots.plot_training(_records(losses, scales, [True] * 3), "training.png", "run")
+    top, bottom = drawn[0].axes
+    assert [_xy(line)[0] for line in top.get_lines()] == [drawn_losses]
+    assert _xy(bottom.get_lines()[0])[0] == drawn_scales
+    assert (top.get_yscale(), bottom.get_yscale()) == log_axes
+
+
 def test_training_plot_without_a_skipped_step_has_no_marks_and_no_legend(drawn):
     plots.plot_training(_records([1.0, 0.5], [8.0, 16.0], [False, False]), "training.png", "clean")
     bottom = drawn[0].axes[1]
