@@ -36,6 +36,7 @@ ACCUMULATOR_PREFIX = "loss_scale_accumulator."
 MICRO_STEP = "loss_scale_micro_step"
 # The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
 MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
+FRESH_MINDSPORE_COUNTERS = (1, 0)  # their values in a cell that has not run
 
 
 def is_loss_scale_state(name):
@@ -110,8 +111,8 @@ class CheckpointReceiver(nn.Cell):
         self.micro_step = None if accumulates else counter(MICRO_STEP)
         self.current_step = self.last_overflow_step = None
         if isinstance(update_cell, DynamicLossScaleUpdateCell):
-            self.current_step = counter(MINDSPORE_COUNTERS[0], 1)
-            self.last_overflow_step = counter(MINDSPORE_COUNTERS[1], 0)
+            self.current_step, self.last_overflow_step = (
+                counter(name, fresh) for name, fresh in zip(MINDSPORE_COUNTERS, FRESH_MINDSPORE_COUNTERS))
 
     def received(self):
         """``{name: Parameter}`` of the received names."""
@@ -124,19 +125,18 @@ def take_received_state(cell):
     count (checked; nothing changes on error) and put the counters back to a fresh cell's. One host sync."""
     received = cell.checkpoint_receiver.received()
     _refuse_lost_window(cell, received)
-    if not all(name in received for name in MINDSPORE_COUNTERS):
-        return
-    if tuple(_count(received[name]) for name in MINDSPORE_COUNTERS) == (1, 0):
+    translated = _from_mindspore_counters(cell, received)
+    if not translated:
         return
     good_steps = cell.loss_scaling_manager.good_steps
     saved = good_steps.asnumpy().copy()
-    write_parameter(good_steps, _from_mindspore_counters(cell, received)[good_steps.name].asnumpy())
+    write_parameter(good_steps, translated[good_steps.name].asnumpy())
     try:
         check_cell_state(cell)
     except ValueError:
         write_parameter(good_steps, saved)
         raise
-    for name, fresh in zip(MINDSPORE_COUNTERS, (1, 0)):
+    for name, fresh in zip(MINDSPORE_COUNTERS, FRESH_MINDSPORE_COUNTERS):
         write_parameter(received[name], np.array(fresh, np.int32))
 
 
@@ -282,6 +282,9 @@ def _from_mindspore_counters(cell, param_dict):
     good_steps = getattr(update_cell, "good_steps", None)
     if (not isinstance(update_cell, DynamicLossScaleUpdateCell) or good_steps.name in param_dict
             or not all(name in param_dict for name in MINDSPORE_COUNTERS)):
+        return {}
+    counters = tuple(_count(param_dict[name]) for name in MINDSPORE_COUNTERS)
+    if counters == FRESH_MINDSPORE_COUNTERS:  # a fresh cell's, or this library's CheckpointReceiver: nothing to say
         return {}
     count = mindspore_good_steps(*(param_dict[name] for name in MINDSPORE_COUNTERS))
     return {good_steps.name: Tensor(np.full(good_steps.shape, count, np.int32))}

@@ -35,8 +35,10 @@ def test_release_checkpoint_resumes_identically(name):
     ms.set_seed(0)
     step = build()
     not_loaded, unused = ms.load_param_into_net(step, saved)
-    assert not_loaded == [] and unused == []
-    loaded = snapshot(step)
+    # The receivers of other configurations' state came later: absent from the release's checkpoint, left fresh.
+    received = set(step.checkpoint_receiver.received())
+    assert set(not_loaded) <= received and unused == []
+    loaded = {name: value for name, value in snapshot(step).items() if name not in received}
     assert sorted(loaded) == sorted(saved)
     for key, value in saved.items():
         np.testing.assert_array_equal(loaded[key], value.asnumpy(), err_msg=key)
