@@ -25,11 +25,12 @@ setup(
     install_requires=[
         "mindspore>=2.7.1,<2.11",
         "numpy>=1.21,<2",
-        "tqdm>=4.40",
     ],
     extras_require={
+        # The demo (python -m lossscale: progress bars and plots); the library never imports it.
+        "demo": ["tqdm>=4.40", "matplotlib>=3.5"],
         "plot": ["matplotlib>=3.5"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "matplotlib>=3.5", "psutil>=5"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "tqdm>=4.40", "matplotlib>=3.5", "psutil>=5"],
     },
     entry_points={"console_scripts": ["lossscale=lossscale.__main__:main"]},
     license="Apache-2.0",

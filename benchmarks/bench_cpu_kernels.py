@@ -16,10 +16,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import LEVELS  # noqa: E402  pylint: disable=wrong-import-position
-from run import run_process  # noqa: E402  pylint: disable=wrong-import-position
+from common import LEVELS  # noqa: E402
+from run import run_process  # noqa: E402
 
-from lossscale._cpu_kernels import ONEDNN_ISA_VARIABLE  # noqa: E402  pylint: disable=wrong-import-position
+from lossscale.core.compat import ONEDNN_ISA_VARIABLE  # noqa: E402
 
 SETTINGS = ("DEFAULT", "AVX2")
 TIMING = ["--rounds=4", "--steps=10", "--warmup=3", "--builds=1"]

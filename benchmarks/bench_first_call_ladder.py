@@ -53,7 +53,7 @@ def _replacing(originals, ladder):
 def _train_cell_knock_outs():
     """The train cell's ladder (see the module docstring), as :func:`_gradscaler_knock_outs`."""
     import mindspore as ms
-    from lossscale import bookkeeping, managers, train_cell
+    from lossscale.training import bookkeeping, managers, train_cell
 
     cell_class = train_cell.TrainOneStepWithLossScaleCell
     originals = {(cell_class, "_with_loss_flag"): cell_class.__dict__["_with_loss_flag"],
@@ -61,10 +61,10 @@ def _train_cell_knock_outs():
                  (managers.DynamicLossScaleManager, "get_update_cell"):
                      managers.DynamicLossScaleManager.__dict__["get_update_cell"]}
 
-    def flag_without_loss(self, flag, loss):  # pylint: disable=unused-argument
+    def flag_without_loss(self, flag, loss):
         return flag
 
-    def no_counting(self, overflow, drops_overflow):  # pylint: disable=unused-argument
+    def no_counting(self, overflow, drops_overflow):
         return overflow
 
     def mindspore_update_cell(self):
@@ -80,16 +80,17 @@ def _train_cell_knock_outs():
 
 def _gradscaler_knock_outs():
     """``{name: {function slot: replacement}}`` and a ``restore`` callable putting the originals back."""
-    from lossscale import grad_scaler, scaler
-    from lossscale.optimizer_states import OptimizerStates
+    from lossscale.core import scaler
+    from lossscale.frontends import grad_scaler, iteration
+    from lossscale.frontends.optimizer_states import OptimizerStates
 
     originals = {(OptimizerStates, "raise_step_misuse"): OptimizerStates.__dict__["raise_step_misuse"],
                  (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
-                 (grad_scaler._IterationGraph, "step_decision"): grad_scaler._IterationGraph.step_decision,
+                 (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
                  (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
                  (scaler.LossScaler, "set_rule"): scaler.LossScaler.set_rule,
                  (scaler, "_scale_tree"): scaler._scale_tree}
-    step_decision = originals[(grad_scaler._IterationGraph, "step_decision")]
+    step_decision = originals[(iteration.IterationGraph, "step_decision")]
 
     # Named functions, not lambdas: MindSpore's parser needs a lambda on a line of its own.
     def scale_tree_times_s(scale, tree, before_backward):
@@ -106,15 +107,15 @@ def _gradscaler_knock_outs():
     def only_the_usual_branch(self, grads, slot, structure, after_unscale=None):
         return step_decision(self, grads, slot, structure, False if after_unscale is None else after_unscale)
 
-    def constant_rule_core(*args, mutable_rule=False, **kwargs):  # pylint: disable=unused-argument
+    def constant_rule_core(*args, mutable_rule=False, **kwargs):
         return originals[(grad_scaler, "LossScaler")](*args, mutable_rule=False, **kwargs)
 
-    def no_rule_change(self, *args, **kwargs):  # pylint: disable=unused-argument
+    def no_rule_change(self, *args, **kwargs):
         return None
 
     raises = {(OptimizerStates, "raise_step_misuse"): staticmethod(no_step_raise),
               (OptimizerStates, "refuse_update_without_checks"): no_update_raise}
-    branch = {(grad_scaler._IterationGraph, "step_decision"): only_the_usual_branch}
+    branch = {(iteration.IterationGraph, "step_decision"): only_the_usual_branch}
     constants = {(grad_scaler, "LossScaler"): constant_rule_core, (scaler.LossScaler, "set_rule"): no_rule_change}
     loss_term = {(scaler, "_scale_tree"): scale_tree_times_s}
     ladder = {"current": {}, "- runtime raises": raises, "- after-unscale_ branch": branch,

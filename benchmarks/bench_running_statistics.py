@@ -1,4 +1,4 @@
-"""What writing BatchNorm running statistics back on a skipped step costs (lossscale.running_statistics).
+"""What writing BatchNorm running statistics back on a skipped step costs (lossscale.training.running_statistics).
 
     python benchmarks/bench_running_statistics.py [--rounds 10 --steps 20 --builds 3]
 

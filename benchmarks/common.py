@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from lossscale._cpu_kernels import prefer_fast_cpu_convolutions  # noqa: E402  pylint: disable=wrong-import-position
+from lossscale.core.compat import prefer_fast_cpu_convolutions  # noqa: E402
 
 # As the command line does; before any MindSpore operation (benchmarks/bench_cpu_kernels.py measures the difference).
 prefer_fast_cpu_convolutions()

@@ -42,6 +42,6 @@ def materialise(ref=RELEASE_0_1_0):
                 with open(target, "w", encoding="utf-8") as handle:
                     handle.write(source)
     sys.path.insert(0, folder)
-    import lossscale_release  # pylint: disable=import-outside-toplevel,import-error
+    import lossscale_release
 
     return lossscale_release

@@ -22,7 +22,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import LEVELS, MODELS  # noqa: E402  pylint: disable=wrong-import-position
+from common import LEVELS, MODELS  # noqa: E402
 
 FULL = {"rounds": 10, "steps": 20, "warmup": 10}
 SMOKE = {"rounds": 2, "steps": 2, "warmup": 1}

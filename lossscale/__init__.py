@@ -2,19 +2,19 @@
 
 Layers (see docs/design.md):
 
-- :mod:`lossscale.policy`: the pure update rule (the specification);
-- :mod:`lossscale.scaler`: ``LossScaler``, loss scaling itself, which everything below delegates to;
-- :mod:`lossscale.update_cells`: graph-mode update cells;
-- :mod:`lossscale.managers`: MindSpore-style managers that produce update cells;
-- :mod:`lossscale.overflow`: overflow detection per backend;
-- :mod:`lossscale.train_cell`: the one-graph training step (with :mod:`lossscale.accumulation`,
-  :mod:`lossscale.clipping`, :mod:`lossscale.bookkeeping`, :mod:`lossscale.running_statistics` and
-  :mod:`lossscale.checkpoints`);
-- :mod:`lossscale.integration`: ``build_train_network`` and ``Model``;
-- :mod:`lossscale.grad_scaler`, :mod:`lossscale.loss_scale_optimizer`: the Paddle/PyTorch and Keras
-  front-ends (with :mod:`lossscale.optimizer_states`); :mod:`lossscale.presets`: other libraries' rules;
-- :mod:`lossscale.monitor`: the ``LossScaleMonitor`` callback;
-- :mod:`lossscale.diagnostics`, :mod:`lossscale.plots`, :mod:`lossscale.cli`: the command line.
+- :mod:`lossscale.core.policy`: the pure update rule (the specification);
+- :mod:`lossscale.core.scaler`: ``LossScaler``, loss scaling itself, which everything below delegates to;
+- :mod:`lossscale.core.update_cells`: graph-mode update cells;
+- :mod:`lossscale.training.managers`: MindSpore-style managers that produce update cells;
+- :mod:`lossscale.core.overflow`: overflow detection per backend;
+- :mod:`lossscale.training.train_cell`: the one-graph training step (with :mod:`lossscale.training.accumulation`,
+  :mod:`lossscale.core.clipping`, :mod:`lossscale.training.bookkeeping`, :mod:`lossscale.training.running_statistics` and
+  :mod:`lossscale.training.checkpoints`);
+- :mod:`lossscale.training.integration`: ``build_train_network`` and ``Model``;
+- :mod:`lossscale.frontends.grad_scaler`, :mod:`lossscale.frontends.keras`: the Paddle/PyTorch and Keras
+  front-ends (with :mod:`lossscale.frontends.optimizer_states`); :mod:`lossscale.core.presets`: other libraries' rules;
+- :mod:`lossscale.training.monitor`: the ``LossScaleMonitor`` callback;
+- :mod:`lossscale.demo.diagnostics`, :mod:`lossscale.demo.plots`, :mod:`lossscale.demo.cli`: the command line.
 
 The public names are imported on first use (``lossscale.GradScaler`` imports MindSpore then), so
 ``python -m lossscale --help`` answers without loading MindSpore.
@@ -24,25 +24,25 @@ import importlib
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "DynamicLossScaleManager": "lossscale.managers",
-    "DynamicLossScaleUpdateCell": "lossscale.update_cells",
-    "FixedLossScaleManager": "lossscale.managers",
-    "FixedLossScaleUpdateCell": "lossscale.update_cells",
-    "GradScaler": "lossscale.grad_scaler",
-    "LossScaleMonitor": "lossscale.monitor",
-    "LossScaleOptimizer": "lossscale.loss_scale_optimizer",
-    "LossScalePolicy": "lossscale.policy",
-    "LossScaleState": "lossscale.policy",
-    "LossScaler": "lossscale.scaler",
-    "Model": "lossscale.integration",
-    "PRESET_NAMES": "lossscale.presets",
-    "PersistentOverflowError": "lossscale.bookkeeping",
-    "TorchGradScaler": "lossscale.grad_scaler",
-    "TrainOneStepWithLossScaleCell": "lossscale.train_cell",
-    "build_train_network": "lossscale.integration",
-    "choose_overflow_check": "lossscale.overflow",
-    "get_preset": "lossscale.presets",
-    "restore_loss_scale": "lossscale.checkpoints",
+    "DynamicLossScaleManager": "lossscale.training.managers",
+    "DynamicLossScaleUpdateCell": "lossscale.core.update_cells",
+    "FixedLossScaleManager": "lossscale.training.managers",
+    "FixedLossScaleUpdateCell": "lossscale.core.update_cells",
+    "GradScaler": "lossscale.frontends.grad_scaler",
+    "LossScaleMonitor": "lossscale.training.monitor",
+    "LossScaleOptimizer": "lossscale.frontends.keras",
+    "LossScalePolicy": "lossscale.core.policy",
+    "LossScaleState": "lossscale.core.policy",
+    "LossScaler": "lossscale.core.scaler",
+    "Model": "lossscale.training.integration",
+    "PRESET_NAMES": "lossscale.core.presets",
+    "PersistentOverflowError": "lossscale.training.bookkeeping",
+    "TorchGradScaler": "lossscale.frontends.grad_scaler",
+    "TrainOneStepWithLossScaleCell": "lossscale.training.train_cell",
+    "build_train_network": "lossscale.training.integration",
+    "choose_overflow_check": "lossscale.core.overflow",
+    "get_preset": "lossscale.core.presets",
+    "restore_loss_scale": "lossscale.training.checkpoints",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
-"""``python -m lossscale``: see :mod:`lossscale.cli`."""
+"""``python -m lossscale``: see :mod:`lossscale.demo.cli`."""
 import sys
 
-from lossscale.cli import main
+from lossscale.demo.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

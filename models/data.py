@@ -66,7 +66,7 @@ def make_dataset(images, labels, batch_size, layout, shuffle=False, seed=0, drop
     With ``shuffle`` the order changes every epoch but is seeded (``mindspore.dataset.config.set_seed``),
     so two pipelines built with the same arguments yield the same batches.
     """
-    import mindspore.dataset as ds  # pylint: disable=import-outside-toplevel
+    import mindspore.dataset as ds
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"'batch_size' must be a positive int, but got {batch_size!r}.")

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import settings
 from mindspore import Parameter, Tensor, nn
 
-from lossscale._cpu_kernels import prefer_fast_cpu_convolutions
+from lossscale.core.compat import prefer_fast_cpu_convolutions
 
 try:  # MindSpore >= 2.9 (mindspore.common.api is deprecated there)
-    from mindspore.graph.api import _JitExecutor  # pylint: disable=protected-access
+    from mindspore.graph.api import _JitExecutor
 except ImportError:
-    from mindspore.common.api import _JitExecutor  # pylint: disable=protected-access
+    from mindspore.common.api import _JitExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -67,7 +67,7 @@ def compilations(monkeypatch):
     recompilation check exactly when a call finds no compiled graph)."""
     module = sys.modules[_JitExecutor.__module__]
     compiled = []
-    original = module._check_recompile  # pylint: disable=protected-access
+    original = module._check_recompile
 
     def counting(*args, **kwargs):
         compiled.append(args[3] if len(args) > 3 else args)

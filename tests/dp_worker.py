@@ -27,12 +27,12 @@ from mindspore import Tensor, nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import (  # noqa: E402  pylint: disable=wrong-import-position
+from nets import (  # noqa: E402
     BatchNormNet, LossPlusInput, regression_batches, regression_net, running_statistics_of)
 
 from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
                        PersistentOverflowError, TrainOneStepWithLossScaleCell)
-from lossscale.distributed import init_data_parallel  # noqa: E402
+from lossscale.demo.msrun import init_data_parallel  # noqa: E402
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
 RUNS = ("inject", "clean", "loss", "loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras", "accumulate",

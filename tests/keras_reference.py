@@ -50,7 +50,7 @@ def construct(kwargs):
         LossScaleOptimizer(inner)
     try:
         optimizer = LossScaleOptimizer(inner, **kwargs)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
         return {"type": type(error).__name__, "message": str(error)}
     return {"type": None, "loss_scale": float(optimizer.loss_scale.numpy()), "dynamic": optimizer.dynamic,
             "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None}

@@ -9,7 +9,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale import LossScaleOptimizer
-from lossscale.checkpoints import is_loss_scale_state
+from lossscale.training.checkpoints import is_loss_scale_state
 
 
 def regression_net(in_features=6, out_features=3, seed=0):

@@ -16,7 +16,7 @@ from mindspore.common import dtype as mstype
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402  pylint: disable=wrong-import-position
+from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402
 
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
 

@@ -17,7 +17,7 @@ from mindspore import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's tests/ and lossscale/, whatever is installed
-from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402  pylint: disable=wrong-import-position
+from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402
 
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
 

@@ -20,10 +20,10 @@ from mindspore import Parameter, Tensor, nn, ops
 from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
                        FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
                        LossScaler, TorchGradScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
-from lossscale import overflow
-from lossscale.optimizer_states import OptimizerStates
-from lossscale.policy import LossScaleState
-from lossscale.scaler import check_optimizer_loss_scale, refuse_non_gradients, warn_if_scaled_outside_differentiation
+from lossscale.core import overflow
+from lossscale.frontends.optimizer_states import OptimizerStates
+from lossscale.core.policy import LossScaleState
+from lossscale.core.scaler import check_optimizer_loss_scale, refuse_non_gradients, warn_if_scaled_outside_differentiation
 from nets import regression_net
 
 NAN, INF = float("nan"), float("inf")
@@ -257,7 +257,7 @@ def test_a_scale_sense_of_another_kind_is_refused_saying_what_to_give(given, adv
 
 
 def test_an_update_cell_given_as_loss_scale_manager_is_refused_saying_what_to_give():
-    from lossscale import Model  # pylint: disable=import-outside-toplevel
+    from lossscale import Model
 
     net = nn.Dense(4, 2)
     cell = DynamicLossScaleUpdateCell(2.0, 2, 2)
@@ -623,7 +623,7 @@ def test_every_refused_backoff_states_the_open_range(make, name):
     """A factor in (0, 1) is refused with that range whatever the value: a refused 0.0 was told "(0.0, 1.0]",
     which says 1.0 would do (1.0 itself was told "(0.0, 1.0)")."""
     for value in (0.0, 1.0, 1.5, -0.5):
-        message = _refused(lambda: make(**{name: value}), name, value)  # pylint: disable=cell-var-from-loop
+        message = _refused(lambda: make(**{name: value}), name, value)
         assert "in (0.0, 1.0), but got" in message, message
 
 

@@ -93,7 +93,7 @@ def test_release_materialise_renames_the_package_and_removes_its_folder_at_exit(
 def _bench_cpu_kernels():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
-        import bench_cpu_kernels  # pylint: disable=import-outside-toplevel,import-error
+        import bench_cpu_kernels
     finally:
         sys.path.pop(0)
     return bench_cpu_kernels

@@ -11,11 +11,13 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from lossscale.cli import (CLI_OVERFLOW_ADVICE, EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser,
-                           comparison_verdict, main, nothing_trained, parse_loss_scale, run_training, scale_advice,
-                           stall_warning)
-from lossscale.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
-from lossscale.distributed import LAUNCHED_MARK
+from lossscale.demo.cli import main
+from lossscale.demo.inspection import scale_advice
+from lossscale.demo.options import EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, parse_loss_scale
+from lossscale.demo.results import comparison_verdict
+from lossscale.demo.runs import CLI_OVERFLOW_ADVICE, nothing_trained, run_training, stall_warning
+from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
+from lossscale.demo.msrun import LAUNCHED_MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -63,10 +65,10 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
 def test_the_step_timer_keeps_the_compiling_first_step_apart(monkeypatch):
     """first_step_seconds: from the start of training to the first step's end; the step time: the median gap
     between later step ends."""
-    from lossscale.cli import _step_timer
+    from lossscale.demo.runs import _step_timer
 
     clock = iter([10.0, 13.0, 13.5, 14.5, 14.7])
-    monkeypatch.setattr("lossscale.cli.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("lossscale.demo.runs.time.perf_counter", lambda: next(clock))
     timer = _step_timer()
     assert np.isnan(timer.first_step_seconds()) and np.isnan(timer.median_step_seconds())
     timer.on_train_begin(None)
@@ -83,7 +85,7 @@ def test_under_msrun_only_rank_0_writes_and_prints_the_report(rank, files, tmp_p
     ``rank`` of 2: msrun's environment and the communication's initialisation are stood in for, the training is
     real."""
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
-    monkeypatch.setattr("lossscale.distributed.init_data_parallel", lambda: (rank, 2))
+    monkeypatch.setattr("lossscale.demo.msrun.init_data_parallel", lambda: (rank, 2))
     assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "128", "--workers", "2",
                  "--output", str(tmp_path)]) == 0
     assert sorted(os.listdir(tmp_path)) == files
@@ -99,7 +101,7 @@ def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsy
     """The progress bar, the final line and the plot show the cross-entropy, not the loss times --loss-weight (the
     summary's records keep the weighted loss, the one that was trained)."""
     plotted = []
-    monkeypatch.setattr("lossscale.plots.plot_training", lambda records, path, title: plotted.append(records) or path)
+    monkeypatch.setattr("lossscale.demo.plots.plot_training", lambda records, path, title: plotted.append(records) or path)
     assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "256", "--loss-weight", "1e-4",
                  "--output", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
@@ -112,6 +114,14 @@ def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsy
     with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
         weighted = [float(row["loss"]) for row in csv.DictReader(handle)]
     np.testing.assert_allclose([record["loss"] for record in plotted[0]], np.array(weighted) / 1e-4, rtol=1e-6)
+
+
+def test_the_demo_without_tqdm_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    """tqdm is the demo's extra, not the library's: without it a command says so in one line."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.delitem(sys.modules, "lossscale.demo.runs", raising=False)
+    assert main(["train", *TINY, "--output", str(tmp_path)]) == EXIT_USAGE
+    _one_error_line(capsys, 'the demo needs tqdm, which is not installed: pip install "lossscale[demo]"')
 
 
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):
@@ -257,7 +267,7 @@ def test_unwritable_output_folder(tmp_path, capsys):
 
 
 def test_help_shows_each_commands_own_defaults():
-    helps = {command: build_parser()._subparsers._group_actions[0].choices[command].format_help()  # pylint: disable=protected-access
+    helps = {command: build_parser()._subparsers._group_actions[0].choices[command].format_help()
              for command in ("train", "compare", "inspect")}
     flat = {command: " ".join(text.split()) for command, text in helps.items()}
     assert "(default: 0.0001)" in flat["compare"] and "(default: 1.0)" in flat["train"]  # --loss-weight
@@ -356,7 +366,7 @@ def test_scale_advice_names_the_smallest_safe_scale_and_its_epoch(trajectory, sm
 
 
 def test_inspect_measures_the_same_network_for_the_same_seed():
-    from lossscale.cli import largest_safe_along_training
+    from lossscale.demo.inspection import largest_safe_along_training
 
     args = build_parser().parse_args(["inspect", "--model", "mlp", "--epochs", "0", "--batches", "1"])
     (first, trajectory), (second, again) = largest_safe_along_training(args), largest_safe_along_training(args)
@@ -369,11 +379,11 @@ def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, cap
     """msrun exiting with an error (a worker failed) is exit code 2 with the worker logs' folder, not success."""
     launched = []
 
-    def failing_msrun(command, timeout, env=None, cwd=None):  # pylint: disable=unused-argument
+    def failing_msrun(command, timeout, env=None, cwd=None):
         launched.append(command)
         return subprocess.CompletedProcess(command, 1, "", None)
 
-    monkeypatch.setattr("lossscale.distributed.run_msrun", failing_msrun)
+    monkeypatch.setattr("lossscale.demo.msrun.run_msrun", failing_msrun)
     monkeypatch.delenv(LAUNCHED_MARK, raising=False)
     monkeypatch.delenv("MS_ROLE", raising=False)
     assert main(["train", *TINY, "--workers", "2", "--output", str(tmp_path)]) == EXIT_USAGE
@@ -403,14 +413,14 @@ def test_entry_points_version_and_no_clash_with_a_users_own_models(tmp_path, mon
 
 
 def test_module_help_answers_without_importing_mindspore():
-    code = ("import sys; from lossscale.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+    code = ("import sys; from lossscale.demo.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
             "    pass\nprint('mindspore' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.strip().endswith("False") and "--loss-scale" in done.stdout
 
 
 def test_the_cli_knows_every_demo_model_without_importing_them():
-    from lossscale.cli import MODEL_NAMES
+    from lossscale.demo.options import MODEL_NAMES
     from lossscale_models import MODELS
 
     assert set(MODEL_NAMES) == set(MODELS)

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from lossscale._cpu_kernels import ONEDNN_ISA_VARIABLE, prefer_fast_cpu_convolutions
-from lossscale.cli import main
+from lossscale.core.compat import ONEDNN_ISA_VARIABLE, prefer_fast_cpu_convolutions
+from lossscale.demo.cli import main
 
 
 @pytest.mark.parametrize("before, after", [(None, "AVX2"), ("DEFAULT", "DEFAULT"), ("AVX512_CORE", "AVX512_CORE")])
@@ -31,7 +31,7 @@ _CONVOLUTION = """
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
-from lossscale._cpu_kernels import prefer_fast_cpu_convolutions
+from lossscale.core.compat import prefer_fast_cpu_convolutions
 from lossscale_models import LeNet5
 
 ms.set_context(mode=ms.GRAPH_MODE)

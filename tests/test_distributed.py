@@ -11,15 +11,15 @@ import pytest
 from mindspore import Tensor, nn
 
 from lossscale import TrainOneStepWithLossScaleCell, get_preset
-from lossscale.distributed import (LAUNCHED_MARK, inside_msrun, launch_environment, launched_by_us, msrun_command,
+from lossscale.demo.msrun import (LAUNCHED_MARK, inside_msrun, launch_environment, launched_by_us, msrun_command,
                                    run_msrun)
-from lossscale.policy import run
+from lossscale.core.policy import run
 from nets import regression_batches, regression_net
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import dp_worker  # noqa: E402  pylint: disable=wrong-import-position
+import dp_worker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,7 @@ def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
 
 
 def test_a_child_of_our_launcher_never_launches_again(tmp_path, capsys, monkeypatch):
-    from lossscale.cli import main
+    from lossscale.demo.cli import main
 
     monkeypatch.setenv(LAUNCHED_MARK, "1")
     monkeypatch.delenv("MS_ROLE", raising=False)
@@ -224,7 +224,8 @@ def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path
                                                                         announced):
     """`train --workers N` says which results it replaces before it launches msrun, and prints rank 0's log after
     the run: its workers do not say it again. Under the user's own msrun no launcher has said it."""
-    from lossscale.cli import CliError, main
+    from lossscale.demo.cli import main
+    from lossscale.demo.options import CliError
 
     def stop_before_init():
         raise CliError("stopped before init")
@@ -232,7 +233,7 @@ def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path
     (tmp_path / "metrics.csv").write_text("")
     _set_or_unset(monkeypatch, LAUNCHED_MARK, mark)
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
-    monkeypatch.setattr("lossscale.distributed.init_data_parallel", stop_before_init)
+    monkeypatch.setattr("lossscale.demo.msrun.init_data_parallel", stop_before_init)
     assert main(["train", "--workers", "2", "--output", str(tmp_path)]) == 2
     assert ("note: replacing metrics.csv" in capsys.readouterr().err) is announced
 

@@ -25,9 +25,9 @@ from lossscale import (
     build_train_network,
     restore_loss_scale,
 )
-from lossscale.clipping import global_norm
-from lossscale.policy import run
-from lossscale.train_cell import INT32_MAX, PersistentOverflowError
+from lossscale.core.clipping import global_norm
+from lossscale.core.policy import run
+from lossscale.training.bookkeeping import INT32_MAX, PersistentOverflowError
 from nets import (GradCapture, LossPlusInput, changed_since, regression_batches, regression_net, snapshot, train_calls,
                   training_state)
 
@@ -520,7 +520,7 @@ def test_model_refuses_bad_feature_arguments_when_built(kwargs, error, pattern):
 
 def test_model_checks_every_train_cell_option_with_the_train_cells_defaults():
     """Model's early check reads the option defaults from the train cell's signature (one source of truth)."""
-    from lossscale.integration import TRAIN_CELL_OPTIONS, _train_cell_defaults  # pylint: disable=import-outside-toplevel
+    from lossscale.training.integration import TRAIN_CELL_OPTIONS, _train_cell_defaults
 
     keyword_only = {name for name, parameter in inspect.signature(TrainOneStepWithLossScaleCell).parameters.items()
                     if parameter.kind is inspect.Parameter.KEYWORD_ONLY}

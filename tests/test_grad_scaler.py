@@ -22,10 +22,10 @@ from mindspore import Tensor, mint, nn, ops
 from backend_standins import SaturatingNet, StatusRegister
 from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
                        TrainOneStepWithLossScaleCell, get_preset)
-from lossscale._eager_calls import CompiledCalls
-from lossscale.optimizer_states import DEFAULT_CAPACITY
-from lossscale.overflow import AscendSaturationCheck
-from lossscale.policy import run
+from lossscale.frontends._eager_calls import CompiledCalls
+from lossscale.frontends.optimizer_states import DEFAULT_CAPACITY
+from lossscale.core.overflow import AscendSaturationCheck
+from lossscale.core.policy import run
 from nets import (Float64Regression, GradCapture, PlainSGD, changed_since, group_optimizer, keras_step, own_names,
                   regression_batches, regression_net, training_state, with_inf)
 
@@ -957,7 +957,7 @@ def test_loss_scale_optimizer_called_from_python_compiles_once():
             grads = (Tensor(np.full((1, 2), value, np.float32)), Tensor(np.ones(1, np.float32)))
             opt.apply_gradients(grads)
             opt(grads)
-    assert len(opt._apply_step.compile_cache) == 1 and len(opt.compile_cache) == 1  # pylint: disable=protected-access
+    assert len(opt._apply_step.compile_cache) == 1 and len(opt.compile_cache) == 1
 
 
 class _CastNet(nn.Cell):
@@ -1778,7 +1778,7 @@ def test_an_optimizer_step_cannot_use_is_refused_by_name_before_anything_is_reco
         "load_state_dict"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_settings_reach_a_step_compiled_before_them(change, flags, expected, compiled):
-    """Eagerly the scaler's own calls are compiled at their first call too (lossscale._eager_calls)."""
+    """Eagerly the scaler's own calls are compiled at their first call too (lossscale.frontends._eager_calls)."""
     scaler = GradScaler("cuda", init_scale=2048.0, growth_interval=3)
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
@@ -2211,7 +2211,7 @@ def test_compiling_the_front_ends_logs_no_warning_of_ours():
     """Every call of a front-end inside a compiled step, once: MindSpore logged "The "refuse_non_gradients" is a
     constexpr function. The input arguments must be all constant value." at every compilation of a user's step."""
     records = _Records()
-    ms_logger = ms.log._get_logger()  # pylint: disable=protected-access
+    ms_logger = ms.log._get_logger()
     net = regression_net()
     opt = nn.SGD(net.trainable_params(), 0.05)
     scaler = GradScaler("cuda", init_scale=64.0)
@@ -2437,7 +2437,7 @@ def test_pickle_keeps_an_explicit_name_when_it_is_free():
     """The Parameter names of an unpickled scaler: its own name in a new process (the original is gone), a
     free variant while the original lives (two scalers in one graph need distinct names)."""
     def names(scaler):
-        return sorted(p.name for p in scaler._core.get_parameters())  # pylint: disable=protected-access
+        return sorted(p.name for p in scaler._core.get_parameters())
 
     original = GradScaler(init_loss_scaling=64.0, name="pickled_gen")
     saved = pickle.dumps(original)
@@ -2575,7 +2575,7 @@ def test_grad_capture_sees_unscaled_gradients():
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6)
 
 
-# ---- eager calls run compiled (lossscale._eager_calls) ------------------------------------------------
+# ---- eager calls run compiled (lossscale.frontends._eager_calls) ------------------------------------------------
 
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph_mode"])
 def test_eager_calls_compile_once_and_train_as_the_control(mode, compilations):
@@ -2601,7 +2601,7 @@ def test_eager_calls_compile_once_and_train_as_the_control(mode, compilations):
             if iteration == 0:
                 first = len(compiled)
         # unscale_, step and update each ran a compiled Cell of the scaler's (not the few hundred kernels of PyNative)
-        assert len(scaler._calls._functions) == 3  # pylint: disable=protected-access
+        assert len(scaler._calls._functions) == 3
         assert len(compiled) == first, compiled  # nothing compiled after the first iteration
         _same_training_state((net, opt), (control_net, control_opt))
         assert scaler.get_scale() == 128.0 * 2**4 * 0.5  # grew at each clean iteration, backed off at the inf one

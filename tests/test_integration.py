@@ -20,7 +20,7 @@ from lossscale import (
     build_train_network,
     get_preset,
 )
-from lossscale.policy import run
+from lossscale.core.policy import run
 from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
 
 BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch

@@ -10,7 +10,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 
 from lossscale import LossScaleOptimizer, get_preset
-from lossscale.policy import run
+from lossscale.core.policy import run
 from nets import (changed_since, group_optimizer, keras_step, own_names, regression_batches, regression_net,
                   training_state, with_inf)
 
@@ -244,7 +244,7 @@ def test_get_scaled_loss_of_a_callable_inside_a_compiled_function():
         return opt.get_scaled_loss(model)()
 
     assert _value(ms.jit(scaled_of_callable)()) == 36.0
-    assert bool(opt._iteration.loss_scaled.asnumpy())  # pylint: disable=protected-access
+    assert bool(opt._iteration.loss_scaled.asnumpy())
     assert _value(scaled_of_callable()) == 36.0
 
 
@@ -533,7 +533,7 @@ def test_the_warning_without_the_scaling_calls_names_the_callers_line(call):
     _, grads = ms.value_and_grad(model, None, opt.parameters)()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        opt.apply_gradients(grads) if call == "apply_gradients" else opt(grads)  # pylint: disable=expression-not-assigned
+        opt.apply_gradients(grads) if call == "apply_gradients" else opt(grads)
     assert [(w.category, w.filename) for w in caught] == [(UserWarning, __file__)]
 
 

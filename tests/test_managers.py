@@ -11,7 +11,7 @@ from lossscale import (
     FixedLossScaleManager,
     FixedLossScaleUpdateCell,
 )
-from lossscale.policy import run
+from lossscale.core.policy import run
 
 
 def test_defaults_match_mindspore():

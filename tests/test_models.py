@@ -108,4 +108,4 @@ def test_a_model_trains_at_amp_level_o1(tmp_path, monkeypatch):
                                loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10))
     loss, overflow, _ = step(Tensor(to_layout(images[:8], net.input_layout)), Tensor(labels[:8]))
     assert np.isfinite(loss.asnumpy()) and not bool(overflow.asnumpy())
-    assert type(step.network._backbone).__name__.startswith("MLPOpt")  # pylint: disable=protected-access
+    assert type(step.network._backbone).__name__.startswith("MLPOpt")

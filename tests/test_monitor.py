@@ -10,8 +10,8 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback
 
 from lossscale import DynamicLossScaleManager, Model, PersistentOverflowError
-from lossscale.monitor import FIELDS, LossScaleMonitor
-from lossscale.policy import run
+from lossscale.training.monitor import FIELDS, LossScaleMonitor
+from lossscale.core.policy import run
 
 
 def test_record_counts_skips_and_events():

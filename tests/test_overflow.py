@@ -10,10 +10,11 @@ from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNe
                               status_input)
 from lossscale import (DynamicLossScaleManager, LossScaler, TrainOneStepWithLossScaleCell,
                        choose_overflow_check, get_preset)
-from lossscale.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
-                                ascend_saturation_only, current_overflow_check, fingerprint, initial_status,
-                                make_overflow_check, nonfinite_indicator)
-from lossscale.policy import run
+from lossscale.core.compat import ascend_saturation_only
+from lossscale.core.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
+                                     current_overflow_check, fingerprint, initial_status, make_overflow_check,
+                                     nonfinite_indicator)
+from lossscale.core.policy import run
 from nets import changed_since, regression_batches, regression_net, training_state
 
 SELECTION = [
@@ -50,7 +51,7 @@ def test_default_check_on_this_cpu_machine():
 
 
 class _OverGradients(nn.Cell):
-    """A graph helper of lossscale.overflow, ``helper(hyper_map, grads)``, compiled."""
+    """A graph helper of lossscale.core.overflow, ``helper(hyper_map, grads)``, compiled."""
 
     def __init__(self, helper):
         super().__init__()

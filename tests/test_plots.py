@@ -9,8 +9,8 @@ import matplotlib.figure
 import matplotlib.pyplot as plt
 import pytest
 
-from lossscale import plots
-from lossscale.diagnostics import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
+from lossscale.demo import plots
+from lossscale.demo.diagnostics import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
 
 
 @pytest.fixture(name="drawn")

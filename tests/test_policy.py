@@ -5,7 +5,7 @@ import types
 import numpy as np
 import pytest
 
-from lossscale.policy import (
+from lossscale.core.policy import (
     LossScalePolicy,
     LossScaleState,
     check_state,

@@ -6,7 +6,7 @@ micro-batches per step; clipping or not; extra outputs or not) and a run of batc
 inf or nan in the inputs or the targets, or a target so large that the loss is inf while the
 gradients are finite. The reference computes the same steps in float32 NumPy: gradients of a
 linear layer with mean squared error, accumulation and its mean, clipping, the skip, the
-optimizer, the counters, and the scale from :func:`lossscale.policy.update`. Every call must agree
+optimizer, the counters, and the scale from :func:`lossscale.core.policy.update`. Every call must agree
 on the loss, the overflow decision, the scale, the weights, the reported global norm and the
 counters. The parts are tested one by one elsewhere; this checks that they compose.
 """
@@ -17,7 +17,7 @@ import pytest
 from mindspore import Tensor, nn
 
 from lossscale import DynamicLossScaleManager, FixedLossScaleManager, TrainOneStepWithLossScaleCell
-from lossscale.policy import initial_state, update
+from lossscale.core.policy import initial_state, update
 
 F32 = np.float32
 LR, MOMENTUM = 0.05, 0.9

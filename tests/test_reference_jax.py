@@ -21,8 +21,8 @@ from mindspore import Tensor
 
 from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, LossScaler, get_preset
-from lossscale.policy import FLOAT32_TINY, run
-from lossscale.presets import DIFFERENCES
+from lossscale.core.policy import FLOAT32_TINY, run
+from lossscale.core.presets import DIFFERENCES
 from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
 PYTHON = os.environ.get("LOSSSCALE_JAX_PYTHON")
@@ -188,7 +188,7 @@ def keras_flag_runs():
 def test_keras_preset_rule_equals_keras_3(jax_results, keras_flag_runs, label):
     """Step for step, the pure policy and the update cell, down to 0 without a floor: JAX flushes subnormal
     results to zero on CPU, so Keras 3 on JAX, like lossscale, goes from 2**-126 to 0 (on its other backends
-    it goes through subnormal scales: the difference lossscale.presets.DIFFERENCES names)."""
+    it goes through subnormal scales: the difference lossscale.core.presets.DIFFERENCES names)."""
     theirs = [step["loss_scale"] for step in jax_results["keras_flags"][label]]
     for ours in keras_flag_runs[label]:
         assert ours == theirs
@@ -197,7 +197,7 @@ def test_keras_preset_rule_equals_keras_3(jax_results, keras_flag_runs, label):
 
 
 def test_keras_3_grows_to_inf_where_the_preset_keeps_a_finite_scale(jax_results, keras_flag_runs):
-    """The deliberate difference of every preset (lossscale.presets.DIFFERENCES): Keras 3 doubles 2**127."""
+    """The deliberate difference of every preset (lossscale.core.presets.DIFFERENCES): Keras 3 doubles 2**127."""
     theirs = [step["loss_scale"] for step in jax_results["keras_flags"]["growth_from_2_127"]]
     assert theirs == [float("inf")] * 2
     for ours in keras_flag_runs["growth_from_2_127"]:

@@ -94,7 +94,7 @@ def _construct(kwargs):
         inner = LossScaleOptimizer(sgd) if inner == "wrapped" else sgd
     try:
         optimizer = LossScaleOptimizer(inner, **kwargs)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
         return error
     return {"type": None, "loss_scale": float(optimizer.loss_scale.asnumpy()), "dynamic": optimizer.dynamic,
             "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None}

@@ -15,9 +15,9 @@ import shlex
 
 import pytest
 
-from lossscale import plots
-from lossscale.cli import main
-from lossscale.results import _comparison_rows, machine_description  # pylint: disable=protected-access
+from lossscale.demo import plots
+from lossscale.demo.cli import main
+from lossscale.demo.results import _comparison_rows, machine_description
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "docs", "results.md")

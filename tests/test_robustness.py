@@ -13,7 +13,7 @@ from mindspore.common import dtype as mstype
 from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, GradScaler,
                        LossScaleOptimizer, LossScalePolicy, LossScaler, Model, PersistentOverflowError,
                        TrainOneStepWithLossScaleCell, build_train_network)
-from lossscale.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
+from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
 from nets import (Float64Regression, PlainSGD, changed_since, regression_batches, regression_net, snapshot, train_calls,
                   training_state)
 
@@ -885,7 +885,7 @@ def test_each_grad_scaler_call_all_reduces_its_decision_in_data_parallel():
     optimizer = nn.SGD(net.trainable_params(), 0.05)
     scaler = _built_in_data_parallel(lambda: GradScaler("cpu", init_scale=1024.0))
     remote = RemoteRankFlag(0.0)
-    scaler._core.allreduce = remote  # pylint: disable=protected-access
+    scaler._core.allreduce = remote
 
     def scaled_loss(x, y):
         return scaler.scale(net(x, y))
@@ -920,8 +920,8 @@ def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_paralle
     net = regression_net()
     optimizer = _built_in_data_parallel(lambda: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05),
                                                                     initial_scale=1024.0))
-    optimizer._core.allreduce = RemoteRankFlag(remote)  # pylint: disable=protected-access
-    optimizer._grad_reducer = ops.identity  # pylint: disable=protected-access
+    optimizer._core.allreduce = RemoteRankFlag(remote)
+    optimizer._grad_reducer = ops.identity
     x, y = (Tensor(a) for a in BATCHES[0])
 
     def loss():
@@ -1176,7 +1176,7 @@ def _loss_scale_optimizer_parts(**options):
 
 def _grad_scaler_cells(*args):
     scaler = GradScaler(*args)
-    return scaler._core, scaler._states  # pylint: disable=protected-access
+    return scaler._core, scaler._states
 
 
 # label: () -> (the Cells that hold lossscale's Parameters, the user's Cells inside them, whose Parameters are not ours)

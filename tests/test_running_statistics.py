@@ -9,7 +9,7 @@ import pytest
 from mindspore import Tensor, mint, nn
 
 from lossscale import DynamicLossScaleManager, FixedLossScaleManager, Model, TrainOneStepWithLossScaleCell
-from lossscale.running_statistics import RunningStatistics
+from lossscale.training.running_statistics import RunningStatistics
 from nets import BatchNormNet
 
 BATCHES = [(np.random.RandomState(seed).randn(8, 4).astype(np.float32),
@@ -158,7 +158,7 @@ def test_the_grad_scaler_recipe_writes_the_statistics_back_as_the_train_cell(com
     """The functional front-ends leave the forward pass to the caller (as PyTorch does); the documented recipe
     (docs/migration.md) saves the statistics before it and writes them back with the skip flag of ``step``:
     then a skipped step leaves the network as the train cell does."""
-    from lossscale import GradScaler  # pylint: disable=import-outside-toplevel
+    from lossscale import GradScaler
 
     net = BatchNormNet()
     net.set_train()

@@ -14,7 +14,7 @@ from lossscale import (
     TrainOneStepWithLossScaleCell,
     build_train_network,
 )
-from lossscale.policy import run
+from lossscale.core.policy import run
 from nets import (Fp16Linear, Fp16SquareLoss, GradCapture, LossPlusInput, changed_since, regression_batches,
                   regression_net, snapshot, training_state, with_inf)
 

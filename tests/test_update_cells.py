@@ -10,8 +10,8 @@ from mindspore.common import dtype as mstype
 
 from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, TrainOneStepWithLossScaleCell
-from lossscale._parameters import write_parameter
-from lossscale.policy import LossScalePolicy, LossScaleState, initial_state, run, update
+from lossscale.core._parameters import write_parameter
+from lossscale.core.policy import LossScalePolicy, LossScaleState, initial_state, run, update
 
 # Policies compiled once for the whole module (MindSpore compiles each new Cell).
 FIXED_POLICIES = {

@@ -1,0 +1,99 @@
+"""What differs between the supported MindSpore releases (2.7.1 to 2.10), in one place, each tagged with the
+releases it serves.
+
+- :func:`prefer_fast_cpu_convolutions` [2.10]: oneDNN's CPU convolution kernels on AVX-512 machines.
+- :func:`ascend_saturation_only` [2.10; before: ``get_ascend_soc_version``]: whether the Ascend SoC only
+  saturates (the 910A).
+- :func:`differentiating` [2.7.1-2.10: a private PyNative query]: whether a forward pass is being recorded for
+  differentiation.
+- :func:`ascend_status_primitives`, :func:`all_finite_primitive` [2.7.1-2.10: private import paths]: the Ascend
+  overflow-status primitives.
+
+MindSpore 2.10 computes CPU convolutions with oneDNN 3.10. On a CPU with AVX-512, oneDNN picks an implementation
+for MindSpore's NCHW tensors (``jit_uni_ncsp:conv+ref:any``) that is about 25 times slower than the one it picks
+when limited to AVX2 (``gemm:jit``). Measured on 2 cores of an Intel Xeon with AVX-512 (2026-11-27): a
+1-to-6-channel 5x5 convolution of a 32x1x32x32 batch took 35 ms against 1.4 ms, a LeNet5 training step 138 ms
+against 11.5 ms, and every reference model (MLP, LeNet5, SmallResNet, TinyTransformer) trained as fast or faster
+with the limit. MindSpore 2.7.1 (oneDNN 2.2) picks the fast kernel by itself. The measurements and their commands
+are in docs/performance.md.
+
+oneDNN reads the variable once, at its first kernel: it must be set before the process's first CPU operation.
+"""
+import functools
+import os
+
+ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
+
+
+def prefer_fast_cpu_convolutions():
+    """Limit oneDNN to AVX2 unless the environment already says which instructions it may use.
+
+    ``ONEDNN_MAX_CPU_ISA=DEFAULT`` in the environment keeps oneDNN's own choice. No effect on a machine without
+    AVX-512, on GPU or Ascend kernels, or once the process has run a CPU operation.
+
+    Example (at the start of a program):
+        >>> prefer_fast_cpu_convolutions()
+    """
+    os.environ.setdefault(ONEDNN_ISA_VARIABLE, "AVX2")
+
+
+# The SoC feature MindSpore >= 2.10 reports for the 910A ("classic" loss-scale training: saturation only).
+_CLASSIC_FEATURE = "amp_loss_scale_train_classic_target"
+
+
+def ascend_saturation_only(context=None):
+    """True if the Ascend SoC supports only saturation mode (the 910A), on every supported MindSpore.
+
+    MindSpore 2.10 answers with ``MSContext.ascend_soc_supports_feature``; earlier
+    releases only have ``get_ascend_soc_version()``, which is ``"ascend910"`` on a 910A.
+    ``context`` defaults to ``MSContext.get_instance()`` (a parameter so tests can pass a stand-in).
+
+    Example:
+        >>> class Older:                       # a MindSpore before 2.10 on a 910B
+        ...     def get_ascend_soc_version(self):
+        ...         return "ascend910b"
+        >>> ascend_saturation_only(Older())
+        False
+    """
+    if context is None:  # pragma: no cover - the real context only matters on an NPU
+        from mindspore._c_expression import MSContext  # private, the only way to ask
+
+        context = MSContext.get_instance()
+    if hasattr(context, "ascend_soc_supports_feature"):
+        return bool(context.ascend_soc_supports_feature(_CLASSIC_FEATURE))
+    return context.get_ascend_soc_version() == "ascend910"
+
+
+@functools.lru_cache(maxsize=None)
+def _requires_grad_query():
+    """PyNative's "is a forward pass being recorded for differentiation" (None if a MindSpore had no such query).
+    Looked up at the first use: this module is imported before MindSpore by the command line (oneDNN's setting)."""
+    from mindspore.common import api
+
+    return getattr(getattr(api, "_pynative_executor", None), "requires_grad", None)
+
+
+def differentiating():
+    """Host: whether MindSpore is recording this forward pass for differentiation (PyNative: inside the function
+    given to ``mindspore.value_and_grad``, ``grad``, ``vjp``, ...). True when MindSpore cannot say.
+
+    Example:
+        >>> differentiating()  # not inside value_and_grad
+        False
+    """
+    query = _requires_grad_query()
+    return True if query is None else bool(query())
+
+
+def ascend_status_primitives():
+    """``(NPUClearFloatStatusV2(), NPUGetFloatStatusV2())``: the float-status register's primitives (Ascend)."""
+    from mindspore.ops.operations.math_ops import NPUClearFloatStatusV2, NPUGetFloatStatusV2
+
+    return NPUClearFloatStatusV2(), NPUGetFloatStatusV2()
+
+
+def all_finite_primitive():
+    """``AllFinite()``: MindSpore's fused check of Ascend's INFNAN mode (True when some input is NOT finite)."""
+    from mindspore.ops.operations.nn_ops import AllFinite
+
+    return AllFinite()

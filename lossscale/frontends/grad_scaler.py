@@ -1,0 +1,529 @@
+"""``GradScaler``: Paddle's and PyTorch's loss-scaling front-ends for functional MindSpore training.
+
+Each translates its framework's API onto the :class:`lossscale.core.scaler.LossScaler` core and
+PyTorch's per-optimizer state machine (:mod:`lossscale.frontends.optimizer_states`); every number they
+keep (the scale, the rule, the counters, each optimizer's stage and overflow flag) is a
+Parameter, so a step compiled with ``mindspore.jit`` and eager calls share one state, and
+setters or ``load_state_dict()`` reach steps compiled before them.
+
+- :class:`TorchGradScaler` (``from lossscale.torch import GradScaler``): ``torch.amp.GradScaler``'s
+  arguments, defaults (2**16, x2, x0.5, 2000) and rule (back off on every overflow, no floor).
+- :class:`PaddleGradScaler` (``from lossscale.paddle import GradScaler``): ``paddle.amp.GradScaler``'s
+  (defaults 2**15, x2, x0.5, 1000 clean steps, back off after 2 consecutive bad steps).
+- :class:`GradScaler` (``lossscale.GradScaler``): Paddle's spelling, or PyTorch's when given its
+  arguments (a ``device`` str first, ``init_scale``, ..., ``enabled``), then a TorchGradScaler.
+
+Each framework's names, defaults and state-dict keys are written once, in :mod:`lossscale.frontends.spelling`;
+the accessors (``get_incr_ratio``, ``set_growth_interval``, ...) are generated from them.
+
+Typical iteration (MindSpore has no ``.grad``: gradients are passed and returned)::
+
+    scaler = GradScaler("cuda")                     # or GradScaler(init_loss_scaling=1024)
+    def forward(x, y):
+        return scaler.scale(loss_fn(net(x), y))
+    grad_fn = mindspore.value_and_grad(forward, None, optimizer.parameters)
+
+    @mindspore.jit                                 # optional: compile the whole step
+    def train_step(x, y):
+        scaled_loss, grads = grad_fn(x, y)
+        grads = scaler.unscale_(grads)              # optional: only to clip or inspect
+        grads = ops.clip_by_global_norm(grads, 1.0)
+        scaler.step(optimizer, grads)               # skipped if unscale_ found inf/nan
+        scaler.update()                             # once per iteration
+        return scaled_loss
+
+Misuse is refused before anything is applied: eagerly with a normal exception; inside
+``mindspore.jit`` with a runtime ``raise`` that MindSpore, which runs compiled graphs
+asynchronously, reports at the next host read of a tensor (the returned gradients or skip
+flag, the loss, ``get_scale()``); nothing after the refusal in that call runs.
+
+Per-method host syncs: none for ``scale``, ``unscale_``, ``step``, ``update`` and
+``minimize`` inside ``mindspore.jit``. Called from Python, ``unscale_``, ``step`` and
+``update`` each run their graph part as one compiled graph (compiled at the first call per
+gradient structure, 0.1-0.4 s each; :mod:`lossscale.frontends._eager_calls`) and read scalars to raise
+a refusal or branch: ``unscale_`` the optimizer's stage, ``step`` that stage (so only the branch
+it takes is compiled) and its skip decision (like PyTorch's ``step``), PyTorch's ``update``
+whether anything was checked. ``get_scale`` and
+``get_loss_scaling`` read the device when called eagerly (inside ``mindspore.jit`` they are graph
+reads, no sync); ``get_state`` and ``state_dict`` read the device; setters and
+``load_state_dict`` write it. In a parallel mode (data parallel under ``msrun``) ``unscale_``,
+``step`` and ``update`` each all-reduce one float32 scalar, so every rank takes the same
+decision, also when a loss is non-finite on one rank only; the gradients themselves are
+reduced by the user (e.g. ``nn.DistributedGradReducer``), before ``unscale_`` or ``step``.
+
+"Skip" means the optimizer is not called: no weight, moment or ``global_step`` changes, so a
+learning-rate schedule indexed by the optimizer's step (a MindSpore ``nn`` optimizer's) does not
+advance; a scheduler stepped from Python every iteration advances anyway, as in PyTorch.
+"""
+import inspect
+from collections.abc import Mapping
+
+import mindspore as ms
+from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
+
+from lossscale.core import overflow as _overflow
+from lossscale.core._naming import claim_name, free_name
+from lossscale.core._parameters import outside_graph
+from lossscale.core._validation import check_bool
+from lossscale.core.policy import LossScaleState
+from lossscale.core.presets import get_preset
+from lossscale.core.scaler import LossScaler, refuse_bfloat16_on_cpu, refuse_non_gradients
+from lossscale.frontends._eager_calls import CompiledCalls
+from lossscale.frontends.iteration import (IterationGraph, checked_new_scale, new_scale_in_graph,
+                                           refuse_host_call_in_graph, refuse_loss_scale_optimizer,
+                                           refuse_optimizer_loss_scale, refuse_optimizer_without_parameters)
+from lossscale.frontends.optimizer_states import OptimizerStates
+from lossscale.frontends.rules import as_policy, framework_rule, parse_state, state_dict_of
+from lossscale.frontends.spelling import PADDLE, RULE_FIELDS, TORCH, spelling_of
+
+# What the generated accessors say about each field of the rule.
+_FIELD_DOCS = {"init_scale": "the initial scale (setting it also sets the current scale, as Paddle does)",
+               "growth_factor": "the growth multiplier (> 1)", "backoff_factor": "the backoff multiplier, in (0, 1)",
+               "growth_interval": "the consecutive clean steps per growth (>= 1; a longer count is clipped to a "
+                                  "new window)",
+               "hysteresis": "the consecutive bad steps per backoff (>= 1)"}
+
+
+@ms.jit_class
+class GradScaler:
+    """Dynamic (or fixed) loss scaling for ``mindspore.value_and_grad`` loops: Paddle's ``GradScaler``.
+
+    Called with PyTorch's spelling (a device string first, or any of ``init_scale``,
+    ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``enabled``) it returns a
+    :class:`TorchGradScaler` instead; mixing both spellings is a ``ValueError``. The ports
+    ``lossscale.paddle`` and ``lossscale.torch`` give each framework's class alone.
+
+    The rule is Paddle's dygraph one: the scale is multiplied by ``incr_ratio`` after
+    ``incr_every_n_steps`` consecutive clean steps, and by ``decr_ratio`` after
+    ``decr_every_n_nan_or_inf`` consecutive bad steps (a clean step or a backoff restarts
+    that count), with no floor. Unlike Paddle's, it never grows to inf.
+
+    Args:
+        enable (bool): False makes every method a no-op (``step`` just applies). Default True.
+        init_loss_scaling (float): initial scale. Default 32768.0.
+        incr_ratio (float): growth multiplier, > 1. Default 2.0.
+        decr_ratio (float): backoff multiplier, in (0, 1). Default 0.5.
+        incr_every_n_steps (int): clean steps per growth, >= 1. Default 1000.
+        decr_every_n_nan_or_inf (int): consecutive bad steps per backoff, >= 1. Default 2.
+        use_dynamic_loss_scaling (bool): False keeps the scale fixed (steps with inf/nan are
+            still skipped, as in Paddle; ``update()`` or ``minimize`` still ends each iteration,
+            where Paddle's ``step()`` ends it for every optimizer). Default True.
+
+    Keyword Args:
+        policy (LossScalePolicy or str): use this rule (or preset) instead; then leave the
+            rule arguments at their defaults.
+        overflow_check (str or check Cell): the backend check; default the device target's.
+        name (str): prefix of this scaler's Parameter names; default a unique one.
+
+    Raises:
+        TypeError, ValueError: a bad argument, named with its value and range. Range errors
+        of the rule are also ``AssertionError`` (Paddle asserts on its ratios).
+
+    Example:
+        >>> scaler = GradScaler(init_loss_scaling=1024)
+        >>> scaler.get_init_loss_scaling(), scaler.get_decr_every_n_nan_or_inf(), type(scaler).__name__
+        (1024.0, 2, 'GradScaler')
+        >>> type(GradScaler("cuda")).__name__, GradScaler("cpu").get_scale()
+        ('TorchGradScaler', 65536.0)
+    """
+
+    SPELLING = PADDLE
+
+    def __new__(cls, *args, **kwargs):
+        if cls is GradScaler and spelling_of(args, kwargs) is TORCH:
+            cls = TorchGradScaler
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        self._setup(self.SPELLING.bind(args, kwargs, type(self).__name__))
+
+    def _setup(self, arguments):
+        spelling = self.SPELLING
+        rule = {field: arguments[spelling.name_of(field)] for field in RULE_FIELDS
+                if spelling.name_of(field) in arguments}
+        enabled = check_bool(spelling.enabled, arguments[spelling.enabled])
+        dynamic = check_bool("use_dynamic_loss_scaling", arguments.get("use_dynamic_loss_scaling", True))
+        if arguments["policy"] is not None:
+            changed = [spelling.name_of(field) for field, value in rule.items()
+                       if value != spelling.defaults[spelling.name_of(field)]]
+            if changed:
+                raise ValueError(f"give either 'policy' or the rule arguments ({', '.join(changed)}), not both.")
+            self._policy = as_policy(arguments["policy"])
+        else:
+            self._policy = framework_rule(rule, spelling, get_preset(spelling.preset))
+        self._config = arguments
+        # What update(new_scale) accepts: the rule's bounds, which no setter or loaded state changes.
+        self._scale_bounds = (self._policy.floor, self._policy.ceiling)
+        self._enabled = enabled
+        self._core = self._states = self._iteration = None
+        self._calls = CompiledCalls()
+        if enabled:
+            prefix = claim_name(arguments["name"], self, "grad_scaler")
+            self._core = LossScaler(self._policy, name=prefix, overflow_check=arguments["overflow_check"],
+                                    mutable_rule=True)
+            self._core.set_rule(dynamic=dynamic)
+            self._states = OptimizerStates(prefix)
+            self._iteration = IterationGraph(self._core, self._states)
+
+    @classmethod
+    def from_preset(cls, name, enable=True, **overrides):
+        """A scaler with preset ``name`` of :mod:`lossscale.core.presets`; ``"pytorch"`` gives a TorchGradScaler
+        (``enable``: the framework's ``enable``/``enabled``).
+
+        Example:
+            >>> type(GradScaler.from_preset("pytorch")).__name__, GradScaler.from_preset("megatron").get_scale()
+            ('TorchGradScaler', 4294967296.0)
+        """
+        if name == "pytorch" and cls is GradScaler:
+            cls = TorchGradScaler
+        return cls(**{cls.SPELLING.enabled: enable}, policy=get_preset(name, **overrides))
+
+    # ---- the training-loop API (graph ops; eager or inside mindspore.jit) --------------------------
+    def scale(self, outputs):
+        """``outputs`` (a loss, or a nested tuple/list of losses) times the scale; unchanged when disabled.
+
+        Each loss is promoted to at least float32 first. A non-finite loss is multiplied by nan
+        instead, so every gradient computed from it is nan: the ``step`` those gradients feed is
+        skipped and ``update`` backs off. Nothing is recorded: a batch dropped by hand after a
+        non-finite loss (no ``step``, no ``update``) does not affect the next iteration.
+        """
+        if not self._enabled:
+            return outputs
+        return self._core.scale(outputs)
+
+    def unscale_(self, grads, key=None):
+        """Return ``grads`` divided by the scale (in float32) and record whether any is inf/nan.
+
+        Call at most once per optimizer per iteration, before anything that needs the true
+        gradients (clipping), and pass what it returns to ``step``: MindSpore gradients are
+        values, so unlike PyTorch's ``unscale_(optimizer)`` it cannot change them in place.
+        ``key``: an int or str naming the optimizer, for several optimizers whose parameters
+        have the same shapes; by default the gradients' shapes identify it. ``None`` entries pass
+        through (PyTorch skips parameters without a gradient).
+        """
+        refuse_non_gradients(grads, "grads")
+        if not self._enabled:
+            return grads
+        grads = self._graph_values(grads)
+        structure = self._states.structure_of(grads)
+        slot = self._states.slot(key, structure)
+        unscaled, stage = self._run(self._iteration.unscale_and_record, grads, slot, structure)
+        # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
+        return ops.depend(unscaled, self._states.refuse_unscale(stage))
+
+    def _graph_values(self, grads):
+        """``grads`` as values computed by the graph when they are constants: a plain tuple of Tensors given to a
+        compiled function (:func:`lossscale.core.overflow.is_constant`) is multiplied by ``S / S``, exactly 1 but
+        known only when the graph runs. With constant gradients and the optimizer given by keyword, MindSpore
+        2.10 folded their unscaling inside step()'s branch into ``(0, 0)`` (measured: "Cannot join the return
+        values of different branches"). Other gradients, and every call from Python (compiled with
+        ``mindspore.mutable`` gradients), are returned as they are."""
+        if outside_graph(self._states.table) or not _overflow.is_constant(grads):
+            return grads
+        scale = self._core.scale_value.reshape(())
+        return _overflow.multiply_gradients(self._states.hyper_map, scale / scale, grads)
+
+    def _run(self, method, *args):
+        """``method(*args)``: inline inside a compiled function; called from Python, compiled once per method
+        and gradient structure (:mod:`lossscale.frontends._eager_calls`), so an eager iteration launches a few graphs
+        instead of a few hundred small kernels."""
+        if outside_graph(self._states.table):
+            return self._calls.run(method, *args)
+        return method(*args)
+
+    def step(self, optimizer, grads, key=None):
+        """``optimizer(grads)`` unless this optimizer's gradients overflowed; return True if skipped.
+
+        If ``unscale_`` was called for this optimizer in this iteration, ``grads`` are taken as
+        unscaled and the decision is the one ``unscale_`` recorded (whatever happened to the
+        gradients since, e.g. clamping), also skipping if ``grads`` now hold inf/nan;
+        otherwise ``grads`` are unscaled and checked here. Refused before anything is applied:
+        a second ``step`` for the optimizer, the still-scaled gradients ``unscale_`` was given,
+        an optimizer built with its own ``loss_scale`` or a ``LossScaleOptimizer``, and gradients
+        whose shapes are not those of ``optimizer.parameters``, one for one (eagerly ``ValueError``;
+        inside a compiled function MindSpore refuses them while compiling). A list is applied as a
+        tuple (MindSpore's optimizers take tuples). Called from Python, an optimizer that raises leaves
+        the iteration as it was before this call, so ``step`` can be called again (as in PyTorch).
+        """
+        refuse_non_gradients(grads, "grads")
+        if not self._enabled:
+            return ops.depend(Tensor(False), optimizer(tuple(grads)))
+        if hasattr(optimizer, "get_unscaled_gradients"):
+            refuse_loss_scale_optimizer()
+        refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))
+        parameters = getattr(optimizer, "parameters", None)
+        if parameters is None:
+            refuse_optimizer_without_parameters()
+        refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in parameters))
+        self._states.refuse_misfit(grads, parameters)
+        grads = self._graph_values(grads)
+        structure = self._states.structure_of(grads)
+        slot = self._states.slot(key, structure)
+        # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
+        before = self._states.host_table()
+        self._states.refuse_related_unscaled(before, slot, structure)
+        to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure,
+                                            self._states.unscaled_in(before, slot))
+        # A refusal shares the optimizer's branch: no extra control flow on a correct step.
+        if not skipped:
+            if before is None:
+                skipped = ops.depend(skipped, optimizer(tuple(to_apply)))
+            else:
+                skipped = ops.depend(skipped, self._states.apply_or_restore(optimizer, tuple(to_apply), before))
+        else:
+            skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
+        return skipped
+
+    def update(self, new_scale=None):
+        """Update the scale from this iteration's overflows (once per iteration, after every ``step``).
+
+        Backs off if any optimizer's gradients (or a scaled loss) overflowed, grows after
+        the window of clean iterations; with ``new_scale`` (PyTorch: a number or a one-value
+        Tensor) sets the scale instead, refused unless finite, > 0 and within the rule's
+        ``min_scale``/``max_scale`` (a state outside them could not be loaded again).
+        Starts the next iteration. Returns the scaler, so under ``mindspore.jit`` (which
+        rebinds the receiver of a method named ``update``) the scaler stays usable.
+        """
+        if not self._enabled:
+            return self
+        if new_scale is None:
+            self._refuse_update()  # as PyTorch: only an update from this iteration's checks needs them
+            self._run(self._iteration.update_from_checks)
+        else:
+            low, high = self._scale_bounds
+            # The check on a graph Tensor lives in a function that returns the value the write uses: inline here,
+            # an `if` on a Tensor in a method returning `self` made MindSpore 2.10 drop the writes after it
+            # (measured: update(new_scale) under jit changed nothing).
+            if isinstance(new_scale, Tensor) and not outside_graph(self._states.table):
+                value = new_scale_in_graph(new_scale, low, high)
+            else:
+                value = checked_new_scale(new_scale, low, high)
+            self._core.assign_scale(value)
+            self._states.reset()
+        return self
+
+    def _refuse_update(self):
+        """Paddle's update() needs no step(); PyTorch's does (TorchGradScaler)."""
+        return None
+
+    def _host_only(self, method):
+        """A clear error when a host method is traced into a compiled function (MindSpore's own message would be
+        about ``asnumpy`` or an unsupported ``try``). A disabled scaler has no device state: nothing to refuse."""
+        if self._enabled:
+            refuse_host_call_in_graph(method, outside_graph(self._states.table))
+
+    def minimize(self, optimizer, grads, key=None):
+        """``step(optimizer, grads, key)`` then ``update()`` (Paddle); return True if the step was skipped."""
+        skipped = self.step(optimizer, grads, key)
+        self.update()
+        return skipped
+
+    # ---- queries (host, and reads inside compiled functions) ---------------------------------------
+    def is_enable(self):
+        """Whether loss scaling is on (Paddle's name; PyTorch's is ``is_enabled``)."""
+        return self._enabled
+
+    is_enabled = is_enable
+
+    def is_use_dynamic_loss_scaling(self):
+        """Whether the scale is updated dynamically (False when disabled, as Paddle)."""
+        self._host_only("is_use_dynamic_loss_scaling()")
+        return self._enabled and self._core.dynamic
+
+    def get_scale(self):
+        """The current scale: eagerly a Python float (one host sync); inside a compiled function a float32
+        scalar Tensor read when the graph runs, so PyTorch's ``inv_scale = 1. / scaler.get_scale()`` (its
+        gradient-penalty recipe) follows the scale there too. 1.0 when disabled."""
+        return self._core.get_scale() if self._enabled else 1.0
+
+    def get_loss_scaling(self):
+        """The current scale as a float32 Tensor (Paddle; eagerly one host sync, a graph read when compiled)."""
+        return self._core.get_scale_tensor() if self._enabled else Tensor(1.0, mstype.float32)
+
+    def get_state(self):
+        """The rule's state (:class:`lossscale.core.policy.LossScaleState`), read from the device."""
+        self._host_only("get_state()")
+        if not self._enabled:
+            return LossScaleState(scale=1.0)
+        return self._core.update_cell.get_state()
+
+    def _rule_value(self, field):
+        """The rule's ``field`` (what the generated getters return): eagerly the policy's exact Python number;
+        inside a compiled function a graph read of the update cell's Parameter (a setter called after compiling
+        shows there too). A disabled scaler has no Parameters: its numbers are constants of each compilation
+        (and its initial scale 1.0, as Paddle's)."""
+        if field == "init_scale":
+            return self._policy.init_scale if self._enabled else 1.0
+        if self._core is None:
+            return getattr(self._policy, field)
+        return self._core.update_cell.rule_value(field)
+
+    def _set_rule(self, **fields):
+        """What the generated setters do: change the rule (validated, in this scaler's spelling)."""
+        self._host_only("set_...() (a setter)")
+        policy = framework_rule(fields, self.SPELLING, self._policy)
+        if self._enabled:
+            state = None
+            if "init_scale" in fields:  # as Paddle: the new initial scale is the current scale, counts kept
+                current = self.get_state()
+                state = LossScaleState(scale=policy.init_scale, good_steps=current.good_steps,
+                                       hysteresis_left=current.hysteresis_left)
+            self._core.set_rule(policy, state)
+        self._policy = policy
+
+    # ---- state ------------------------------------------------------------------------------------
+    def state_dict(self):
+        """The state in this scaler's framework's format, empty when disabled (one host sync): Paddle's ``scale`` (a
+        float32 array of shape (1,)), the rule, ``incr_count``, ``decr_count``, ``use_dynamic_loss_scaling``;
+        PyTorch's ``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``_growth_tracker``.
+
+        A rule whose hysteresis works unlike the framework's (a ``policy`` such as Megatron's) adds its keys
+        (:mod:`lossscale.frontends.rules`), so that a round trip keeps them; the frameworks' own
+        ``load_state_dict`` ignore keys they do not know."""
+        self._host_only("state_dict()")
+        if not self._enabled:
+            return {}
+        return state_dict_of(self.SPELLING, self.get_state(), self._policy, self._core.dynamic)
+
+    def load_state_dict(self, state_dict):
+        """Restore a state: this scaler's, Paddle's or PyTorch's format (validated; nothing changes on error).
+
+        Ignored when disabled (as Paddle and PyTorch). The saved scale also becomes the
+        initial scale (as both do). A TorchGradScaler refuses a fixed Paddle state
+        (``use_dynamic_loss_scaling`` False): PyTorch's scale is always dynamic.
+        """
+        self._host_only("load_state_dict()")
+        if not self._enabled:
+            return
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"'state_dict' must be a dict, but got {type(state_dict).__name__}.")
+        if not state_dict:
+            raise RuntimeError(self.SPELLING.empty_state)
+        policy, state, dynamic = parse_state(state_dict, self._policy)
+        self._refuse_fixed_state(dynamic)
+        self._core.set_rule(policy, state, dynamic)
+        self._policy = policy
+
+    def _refuse_fixed_state(self, dynamic):
+        """Paddle's scale may be fixed (``use_dynamic_loss_scaling=False``); PyTorch's may not (TorchGradScaler)."""
+
+    def __getstate__(self):
+        """Pickle between iterations only (as PyTorch): the configuration and the state. An explicit ``name``
+        comes back as given if no living scaler holds it (e.g. in a new process), else as ``name_1``, ..."""
+        if self._enabled and not self._states.between_iterations():
+            raise RuntimeError("A GradScaler can only be pickled at the beginning of an iteration, or at the end "
+                               "after update().")
+        return {"config": self._config, "policy": self._policy, "state": self.state_dict()}
+
+    def __setstate__(self, saved):
+        config = dict(saved["config"])
+        if config.get("name") is not None:
+            config["name"] = free_name(config["name"])
+        self.__init__(**config)
+        if saved["state"]:
+            self.load_state_dict(saved["state"])
+
+
+@ms.jit_class
+class PaddleGradScaler(GradScaler):
+    """Paddle's ``paddle.amp.GradScaler`` alone (``from lossscale.paddle import GradScaler``): the arguments,
+    defaults and rule of :class:`GradScaler`, without its turn to PyTorch's spelling.
+
+    Example:
+        >>> PaddleGradScaler(init_loss_scaling=8.0).get_scale()
+        8.0
+    """
+
+
+@ms.jit_class
+class TorchGradScaler(GradScaler):
+    """PyTorch's ``torch.amp.GradScaler`` on MindSpore (``from lossscale.torch import GradScaler``).
+
+    Defaults and rule are PyTorch's: the scale starts at 2**16, is multiplied by
+    ``growth_factor`` after ``growth_interval`` consecutive iterations without inf/nan, by
+    ``backoff_factor`` on every iteration with one, with no floor; growth never produces inf.
+    ``update()`` without an ``unscale_``/``step`` since the last ``update`` raises
+    ``AssertionError`` ("No inf checks were recorded prior to update"), as in PyTorch;
+    ``update(new_scale)`` needs no checks.
+
+    Args:
+        device (str): accepted for PyTorch compatibility (``"cuda"``, ``"cpu"``, ``"npu"``, ...). The
+            scale lives on MindSpore's context device; scaling is never disabled because of it
+            (PyTorch disables itself for ``"cuda"`` without CUDA).
+        init_scale (float): initial scale. Default 2**16.
+        growth_factor (float): > 1. Default 2.0.
+        backoff_factor (float): in (0, 1). Default 0.5.
+        growth_interval (int): >= 1. Default 2000.
+        enabled (bool): False makes every method a no-op (``step`` just applies). Default True.
+
+    Keyword Args:
+        policy, overflow_check, name: as for :class:`GradScaler`.
+
+    Example:
+        >>> scaler = TorchGradScaler(init_scale=1024.0, growth_interval=100)
+        >>> scaler.get_scale(), scaler.get_growth_interval(), sorted(scaler.state_dict())
+        (1024.0, 100, ['_growth_tracker', 'backoff_factor', 'growth_factor', 'growth_interval', 'scale'])
+    """
+
+    SPELLING = TORCH
+
+    def _setup(self, arguments):
+        if not isinstance(arguments["device"], str):
+            raise TypeError(f"'device' must be a str such as 'cuda' or 'cpu', but got "
+                            f"{type(arguments['device']).__name__}.")
+        super()._setup(arguments)
+
+    def _refuse_update(self):
+        return self._states.refuse_update_without_checks()
+
+    def _refuse_fixed_state(self, dynamic):
+        """A fixed Paddle state is refused: PyTorch's scale is always dynamic, and PyTorch's state_dict() has no
+        place for a fixed one, so a round trip would silently make it dynamic again."""
+        if not dynamic:
+            raise ValueError("'state_dict['use_dynamic_loss_scaling']' is False, but a PyTorch GradScaler's scale is "
+                             "always dynamic: load a fixed Paddle state into a scaler of Paddle's spelling, "
+                             "GradScaler(init_loss_scaling=..., use_dynamic_loss_scaling=False).")
+
+
+def _getter(name, field):
+    """``get_<name>``: the rule's ``field`` (graph-readable)."""
+    def get(self):
+        return self._rule_value(field)
+
+    get.__name__ = get.__qualname__ = f"get_{name}"
+    get.__doc__ = f"The rule's {_FIELD_DOCS[field]}: eagerly a number, inside a compiled function a graph read."
+    return get
+
+
+def _setter(name, field):
+    """``set_<name>(new_<name>)``: set the rule's ``field`` (host)."""
+    method, argument = f"set_{name}", f"new_{name}"
+    signature = inspect.Signature([inspect.Parameter(argument, inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+
+    def set_value(self, *args, **kwargs):
+        self._host_only(f"{method}()")  # first: traced into a compiled function, nothing below is
+        self._set_rule(**{field: _bound_value(signature, method, args, kwargs)})
+
+    set_value.__name__ = set_value.__qualname__ = method
+    set_value.__doc__ = f"Set {_FIELD_DOCS[field]} (validated; nothing changes on error)."
+    set_value.__signature__ = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                                 *signature.parameters.values()])
+    return set_value
+
+
+def _bound_value(signature, method, args, kwargs):
+    """The one argument of a call ``method(*args, **kwargs)`` of ``signature``; Python's ``TypeError`` otherwise."""
+    try:
+        return next(iter(signature.bind(*args, **kwargs).arguments.values()))
+    except TypeError as error:
+        raise TypeError(f"{method}() {error}") from None
+
+
+# Both frameworks' accessors on every GradScaler (a Paddle scaler answers PyTorch's getters too), from the tables.
+for _spelling in (PADDLE, TORCH):
+    for _name, _field in _spelling.accessors.items():
+        setattr(GradScaler, f"get_{_name}", _getter(_name, _field))
+        setattr(GradScaler, f"set_{_name}", _setter(_name, _field))
+GradScaler.__signature__ = PaddleGradScaler.__signature__ = PADDLE.signature()
+TorchGradScaler.__signature__ = TORCH.signature()

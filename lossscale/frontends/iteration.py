@@ -1,0 +1,143 @@
+"""The ``GradScaler``'s work inside graphs: the calls' graph part and the refusals before anything is applied.
+
+:class:`IterationGraph` is what ``unscale_``, ``step`` and ``update`` run (inline inside ``mindspore.jit``, or
+compiled once per method when called from Python: :mod:`lossscale.frontends._eager_calls`), over the
+per-optimizer state machine of :mod:`lossscale.frontends.optimizer_states`. The constexpr refusals raise
+while a compiled function is traced, or at the call from Python.
+"""
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
+
+from lossscale.core import overflow as _overflow
+from lossscale.core._validation import check_finite_in_range
+from lossscale.core.clipping import global_norm
+from lossscale.core.scaler import positive_scale
+from lossscale.frontends.optimizer_states import STAGE
+
+
+@constexpr
+def refuse_loss_scale_optimizer():
+    raise TypeError("'optimizer' is a LossScaleOptimizer, which scales the loss and unscales the gradients itself: "
+                    "give the GradScaler its inner_optimizer, or train with the LossScaleOptimizer alone.")
+
+
+@constexpr
+def refuse_optimizer_loss_scale(loss_scale):
+    if float(loss_scale) != 1.0:
+        raise ValueError(f"'optimizer.loss_scale' is {float(loss_scale)!r}: the optimizer would divide the gradients "
+                         f"the scaler already unscaled a second time. Build it without 'loss_scale'.")
+    return True
+
+
+@constexpr
+def refuse_optimizer_without_parameters():
+    raise TypeError("'optimizer' must hold its Parameters in 'parameters', as mindspore.nn.Optimizer and the "
+                    "mindspore.experimental.optim / mint.optim optimizers do (and MindSpore's train cells need): step() "
+                    "checks the gradients against them. Give your optimizer Cell a 'parameters' tuple.")
+
+
+@constexpr
+def checked_new_scale(value, low, high):
+    """update(new_scale) with a number (or, called from Python, a Tensor): finite, > 0 with a finite reciprocal,
+    and within the rule's bounds ``[low, high]`` (``(0, high]`` when ``low`` is 0); a float32 Tensor."""
+    scale = float(positive_scale("new_scale", value))
+    check_finite_in_range("new_scale", scale, low=low, high=high, low_inclusive=low > 0)
+    return Tensor(scale, mstype.float32)
+
+
+@constexpr
+def refuse_host_call_in_graph(method, from_python):
+    """RuntimeError while tracing a compiled function that calls a host method (``from_python`` False)."""
+    if not from_python:
+        raise RuntimeError(f"GradScaler.{method} reads or writes the scaler's state from Python (a host call): call it "
+                           f"outside mindspore.jit, between iterations. Steps compiled before it see what it "
+                           f"changes; inside a compiled function read the scale with get_scale().")
+    return True
+
+
+@constexpr
+def _refuse_new_scale_shape(shape):
+    if int(np.prod(shape)) != 1:
+        raise TypeError(f"'new_scale' must be one float value, but got a Tensor of shape {tuple(shape)}.")
+    return True
+
+
+def new_scale_in_graph(value, low, high):
+    """update(new_scale) with a Tensor inside a compiled function: its value is known only when the graph runs,
+    so the checks of :func:`checked_new_scale` are graph ops (a refusal is a runtime ``raise``)."""
+    _refuse_new_scale_shape(ops.shape(value))
+    value = ops.cast(value, mstype.float32).reshape(())
+    valid = ops.logical_and(ops.isfinite(value), ops.isfinite(ops.reciprocal(value)))
+    valid = ops.logical_and(valid, ops.logical_and(value > 0.0, value <= high))
+    valid = ops.logical_and(valid, value >= low)
+    if ops.logical_not(valid):
+        raise ValueError(f"'new_scale' must be a finite float32 number in [{low}, {high}] (and > 0) whose "
+                         f"reciprocal is finite.")
+    return value
+
+
+@ms.jit_class
+class IterationGraph:
+    """The graph part of the GradScaler's calls: unscale and record, decide a step, update from the checks.
+
+    Kept apart from the scaler so that the compiled versions of these methods, which the scaler
+    keeps (:mod:`lossscale.frontends._eager_calls`), hold this object and not the scaler: MindSpore keeps
+    what a compiled Cell uses alive while the Cell lives, so through the scaler that would be a
+    cycle that no garbage collection breaks (measured: the scaler and its name were never freed).
+
+    Args:
+        core (LossScaler), states (OptimizerStates): the scaler's.
+    """
+
+    def __init__(self, core, states):
+        self._core = core
+        self._states = states
+        self._hyper_map = ops.HyperMap()
+
+    def unscale_and_record(self, grads, slot, structure):
+        """``(grads / S, the slot's stage before)``; records the unscale only if that stage was READY (else
+        the caller refuses it and nothing has changed)."""
+        column = self._states.column(slot)
+        seen = _overflow.fingerprint(self._hyper_map, grads)
+        unscaled = self._core.unscale(grads)
+        recorded = self._states.record_unscale(slot, column, self.decide(unscaled), seen, structure,
+                                               global_norm(self._hyper_map, unscaled))
+        return ops.depend(unscaled, recorded), ops.depend(column[STAGE], recorded)
+
+    def decide(self, unscaled):
+        """float32 0/1: these unscaled gradients overflowed on some rank (the core all-reduces the flag in
+        parallel modes, so a loss that is non-finite on one rank only skips the step on every rank)."""
+        return ops.cast(self._core.is_overflow(self._core.flag(None, unscaled)), mstype.float32)
+
+    def step_decision(self, grads, slot, structure, after_unscale=None):
+        """``(the gradients to apply, skipped, refusal code)`` for step(), with the step recorded unless
+        refused (code != 0). ``after_unscale``: whether the slot is UNSCALED, when the caller read it on the
+        host (a constant: only that branch is compiled); None reads it in the graph."""
+        column = self._states.column(slot)
+        if after_unscale is None:
+            after_unscale = self._states.unscaled(column)
+        if after_unscale:
+            seen = _overflow.fingerprint(self._hyper_map, grads)
+            nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+            found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
+            code = self._states.scaled_gradients_code(column, seen, global_norm(self._hyper_map, grads),
+                                                      self._core.scale_value)
+            to_apply = grads
+        else:
+            to_apply = self._core.unscale(grads)
+            found = self.decide(to_apply)
+            code = self._states.ready_code(slot, column, structure)
+        skipped = self._states.record_step(slot, found, code)
+        return to_apply, skipped, code
+
+    def update_from_checks(self):
+        """Adjust the scale from this iteration's overflows and start the next iteration.
+
+        Not merged with the refusal under an ``if``: MindSpore 2.10 dropped the writes of such a branch from a
+        compiled ``update()`` (measured)."""
+        overflow = self._core.is_overflow(self._states.any_found())
+        self._core.apply_rule(overflow)
+        return self._states.reset()

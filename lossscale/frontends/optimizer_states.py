@@ -1,0 +1,385 @@
+"""PyTorch's per-optimizer state machine for :class:`lossscale.GradScaler`, kept in Parameters.
+
+Per optimizer slot, between two ``update()`` calls::
+
+    READY --unscale_()--> UNSCALED --step()--> STEPPED        (step() from READY unscales itself)
+    unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
+
+Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the scaled
+gradients ``unscale_()`` was given, their structure and the global norm of the gradients it returned
+live in one float32 Parameter
+(``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
+calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
+non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table
+keeps the bookkeeping to a few whole-Parameter writes per call, which MindSpore's CPU runtime
+launches much faster than many small ones. A misuse is refused before anything is applied; inside a
+compiled graph the refusal is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal
+one. ``step()``'s refusals sit in the branch that skips the optimizer, so a correct step pays no
+extra control flow.
+
+A slot is chosen per *key* at trace time: an explicit ``key`` (an int or str constant), or by
+default the structure of the gradients (their shapes), which is the same for ``unscale_()`` and
+``step()`` of one optimizer and differs between optimizers whose parameters differ. Not their
+dtypes: gradients cast between ``unscale_()`` and ``step()`` (to float32 for clipping, say) are
+still the ones ``unscale_()`` returned. Optimizers with identical parameter shapes need explicit keys.
+
+Example:
+    >>> states = OptimizerStates("doc_states", capacity=4)
+    >>> states.slot(None, 1234), states.slot(0, None), states.slot(None, 1234), states.slot("disc", None)
+    (0, 1, 0, 2)
+"""
+import itertools
+import weakref
+import zlib
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common import dtype as mstype
+from mindspore.ops import constexpr
+
+from lossscale.core._naming import check_name
+from lossscale.core._parameters import outside_graph, write_parameter
+from lossscale.core._validation import check_int_in_range
+
+READY, UNSCALED, STEPPED = 0, 1, 2
+# step() refusal codes (0: none)
+STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED = 1, 2, 3, 4
+# rows of the iteration table
+STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM = range(5)
+ROWS = NORM + 1
+# step() after unscale_() refuses gradients whose global norm exceeds the unscaled ones' by more than this factor:
+# the slack covers rounding in float16 clipping (2**-11 per value), far below the factor S of scaled gradients.
+NORM_SLACK = 1.01
+DEFAULT_CAPACITY = 16
+_REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
+_SHAPES = {}  # structure signature -> the gradients' shapes, for every structure seen (a few per program)
+_INSTANCES = itertools.count()
+# Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
+_reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
+
+# A gradient's shape: what tells optimizers apart (not its dtype: gradients cast between unscale_() and step(), to
+# float32 for clipping, say, are still the ones unscale_() returned).
+_shape_of = ops.MultitypeFuncGraph("_shape_of")
+
+
+@_shape_of.register("Tensor")
+def _tensor_shape_of(grad):
+    return grad.shape
+
+
+@_shape_of.register("RowTensor")
+def _row_tensor_shape_of(grad):
+    return grad.dense_shape
+
+
+@_shape_of.register("None")
+def _none_shape_of(grad):
+    return None
+
+
+def _as_tuples(shapes):
+    """``shapes`` (of gradients, None for a missing one) as tuples, comparable and hashable."""
+    return tuple(None if shape is None else tuple(shape) for shape in shapes)
+
+
+@constexpr
+def _signature(shapes):
+    """A deterministic 24-bit int for the shapes of a gradient tuple (exact in float32), remembered with the shapes
+    (:func:`_related_signatures`). Not their dtypes: gradients cast after unscale_() (to float32 for clipping, say)
+    are still the ones unscale_() returned."""
+    shapes = _as_tuples(shapes)
+    signature = zlib.crc32(repr(shapes).encode()) & 0xFFFFFF
+    _SHAPES[signature] = shapes
+    return signature
+
+
+def _is_subsequence(part, whole):
+    """Whether the sequence ``part`` is ``whole`` with some entries left out (in order)."""
+    rest = iter(whole)
+    return all(any(entry == other for other in rest) for entry in part)
+
+
+@constexpr
+def _related_signatures(signature):
+    """The known structure signatures whose gradients could be ``signature``'s, part of them or hold them: the
+    same shapes, or a subsequence of them either way (a tuple sliced or filtered per optimizer, or joined)."""
+    shapes = _SHAPES[signature]
+    return tuple(other for other, other_shapes in sorted(_SHAPES.items())
+                 if _is_subsequence(other_shapes, shapes) or _is_subsequence(shapes, other_shapes))
+
+
+def _refuse_misfit(shapes, parameter_shapes):
+    """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
+    shapes, expected = _as_tuples(shapes), _as_tuples(parameter_shapes)
+    if shapes != expected:
+        raise ValueError(f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
+                         f"optimizer.parameters (differentiate with respect to optimizer.parameters): the gradients "
+                         f"have shapes {list(shapes)}, the optimizer's parameters {list(expected)}.")
+    return True
+
+
+@constexpr
+def _slot(registry, key, signature, capacity):
+    """The slot of ``key`` (or of ``signature`` when key is None), assigned on first use."""
+    slots = _REGISTRIES.setdefault(registry, {})
+    token = ("structure", signature) if key is None else ("key", key)
+    if token not in slots:
+        if len(slots) >= capacity:
+            raise ValueError(f"more than {capacity} optimizer keys in one GradScaler: {sorted(map(str, slots))}. "
+                             f"Use at most {capacity} distinct keys (or gradient structures).")
+        slots[token] = len(slots)
+    return slots[token]
+
+
+@constexpr
+def _check_key(key):
+    if key is not None and (isinstance(key, bool) or not isinstance(key, (int, str))):
+        raise TypeError(f"'key' must be an int or a str constant (or None), but got {key!r} of type "
+                        f"{type(key).__name__}.")
+    return True
+
+
+def _row_mask(*rows, width=1):
+    """A bool Tensor of shape (ROWS, width), True in ``rows`` of the iteration table."""
+    mask = np.zeros((ROWS, width), np.bool_)
+    mask[list(rows)] = True
+    return Tensor(mask)
+
+
+class OptimizerStates(nn.Cell):
+    """The per-optimizer stages and overflow flags of one scaler (see the module docstring).
+
+    Args:
+        name (str): Parameter name prefix (unique per scaler).
+        capacity (int): the most optimizer slots (keys) one scaler serves, >= 1.
+    """
+
+    def __init__(self, name, capacity=DEFAULT_CAPACITY):
+        super().__init__(auto_prefix=False)
+        check_name(name)
+        capacity = check_int_in_range("capacity", capacity, low=1)
+        # Per instance, not per name: a later scaler that reuses a freed name starts with no keys.
+        self.registry = f"{name}#{next(_INSTANCES)}"
+        _REGISTRIES[self.registry] = {}
+        weakref.finalize(self, _REGISTRIES.pop, self.registry, None)
+        self.capacity = capacity
+        self.hyper_map = ops.HyperMap()
+        self.table = Parameter(Tensor(np.zeros((ROWS, capacity), np.float32)), name=f"{name}.iteration",
+                               requires_grad=False)
+        # Tensor constants rather than Python numbers in graph arithmetic (see lossscale.core.overflow).
+        self._ready, self._unscaled, self._stepped = (Tensor(float(v), mstype.float32)
+                                                      for v in (READY, UNSCALED, STEPPED))
+        self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous, self._larger = (
+            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED))
+        self._norm_slack = Tensor(NORM_SLACK, mstype.float32)
+        self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
+        # Per-slot constants as tuples of Tensors: a constant index into a tuple costs nothing to compile,
+        # while indexing a Tensor inside a graph compiles MindSpore's whole getitem machinery each time.
+        eye = np.eye(capacity, dtype=np.bool_)
+        self._slot_indices = tuple(Tensor([i], mstype.int32) for i in range(capacity))
+        self._slot_columns = tuple(Tensor(eye[i][None, :]) for i in range(capacity))  # (1, capacity) masks
+        self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
+        self._false_row = Tensor(np.zeros(capacity, np.bool_))
+        self._step_rows = _row_mask(STAGE, FOUND_INF)
+        self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM)
+        # STRUCTURE is kept across iterations (refusals compare structures within one only).
+        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, NORM, width=capacity)
+
+    # ---- trace time ----------------------------------------------------------------------------
+    def structure_of(self, grads):
+        """The structure signature of ``grads`` (a constant)."""
+        return _signature(self.hyper_map(_shape_of, grads))
+
+    def refuse_misfit(self, grads, parameters):
+        """From Python, ValueError (before anything is recorded or applied) unless ``grads`` has the shapes of
+        ``parameters`` (an optimizer's), one for one: gradients of other parameters, or in another order, would
+        otherwise fail inside the optimizer after the step was recorded (gradients of equal shapes in another
+        order cannot be told apart). Inside a compiled function nothing is checked here: MindSpore's shape
+        inference refuses such gradients while compiling, before anything runs, and the check would cost
+        0.1 s of compile time (measured). Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
+        if outside_graph(parameters[0]):
+            return _refuse_misfit(self.hyper_map(_shape_of, grads), tuple(parameter.shape for parameter in parameters))
+        return True
+
+    def slot(self, key, signature):
+        """The slot index for ``key`` (int/str) or, with ``key=None``, for the structure ``signature``."""
+        _check_key(key)
+        return _slot(self.registry, key, signature, self.capacity)
+
+    # ---- graph: reads ----------------------------------------------------------------------------
+    def column(self, slot):
+        """The slot's fields as a tuple of scalars, indexed by the row constants (``column[STAGE]``, ...).
+
+        A gather, not ``table[:, slot]``: MindSpore 2.10's graph compiler merges two such slices of one
+        Parameter even when the Parameter is written between them, so a read after a write returned the
+        value from before it (measured). Tensor indexing is also slow to compile (see ``__init__``)."""
+        return ops.unstack(ops.gather(self.table, self._slot_indices[slot], 1).reshape((ROWS,)))
+
+    def _rows(self):
+        """The table's rows, indexed by the row constants (``rows[STAGE]``, ...)."""
+        return ops.unstack(self.table)
+
+    def unscaled(self, column):
+        """Whether the slot's stage is UNSCALED."""
+        return column[STAGE] == self._unscaled
+
+    def found_after_unscale(self, column, overflow):
+        """step() after unscale_(): what unscale_() found, or ``overflow`` (a bool: the given gradients now
+        being non-finite on some rank), as float32 0/1."""
+        return ops.maximum(column[FOUND_INF], ops.cast(overflow, mstype.float32))
+
+    def any_found(self):
+        """float32, non-zero if any optimizer's gradients overflowed since the last update() on this rank."""
+        return _reduce_max(self._rows()[FOUND_INF])
+
+    # ---- graph: refusals (nothing has changed when they raise) ---------------------------------
+    def refuse_unscale(self, stage):
+        """Raise unless ``stage`` (the slot's stage before this unscale_()) is READY."""
+        if stage != self._ready:
+            if stage == self._unscaled:
+                raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
+                                   "Call it once per optimizer per iteration and pass the gradients it returned to "
+                                   "step(); with several optimizers give each its own key.")
+            raise RuntimeError("unscale_() is being called after step(). Call unscale_() before step() (step() "
+                               "has already unscaled and applied these gradients), or update() first.")
+        return stage
+
+    def scaled_gradients_code(self, column, fingerprint, norm, scale):
+        """step() after unscale_(), while the scale is not 1 (else both kinds of gradients are the same):
+        SCALED_GRADIENTS if ``fingerprint`` is that of the scaled gradients unscale_() was given;
+        LARGER_THAN_UNSCALED if their global ``norm`` exceeds that of the gradients unscale_() returned by more
+        than NORM_SLACK; else 0.
+
+        What may happen between unscale_() and step() in PyTorch's recipes (clipping by global norm, by
+        norm or by value, masking, averaging) never raises the norm. Scaled gradients that were clipped
+        (the return value of unscale_() dropped, then the usual clipping) are S times larger until clipped:
+        at the clip norm, above the true norm whenever that is below it, and the fingerprint no longer
+        matches them. Only finite records count: gradients holding an inf unscale to gradients holding the
+        same inf, and unscale_() recorded that overflow, so the step is skipped anyway; given gradients
+        with an inf are skipped too."""
+        seen, unscaled_norm = column[FINGERPRINT], column[NORM]
+        scale_matters = scale != self._one
+        recognisable = ops.logical_and(ops.isfinite(seen), ops.logical_and(seen != self._zero, scale_matters))
+        scaled = ops.logical_and(fingerprint == seen, recognisable)
+        comparable = ops.logical_and(ops.logical_and(ops.isfinite(unscaled_norm), ops.isfinite(norm)), scale_matters)
+        larger = ops.logical_and(norm > unscaled_norm * self._norm_slack, comparable)
+        code = ops.select(larger, self._larger, self._no_misuse)
+        return ops.select(scaled, self._scaled_gradients, code)
+
+    def ready_code(self, slot, column, structure):
+        """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot holds
+        unscaled gradients, not yet stepped, of this ``structure`` or a related one (:func:`_related_signatures`:
+        these gradients may be those, part of them, or hold them, so they may be unscaled already); else 0."""
+        rows = self._rows()
+        related = self._false_row
+        for signature in _related_signatures(structure):
+            related = ops.logical_or(related, rows[STRUCTURE] == signature)
+        others = ops.logical_and(rows[STAGE] == self._unscaled, related)
+        ambiguous = _reduce_any(ops.logical_and(others, self._others[slot]))
+        code = ops.select(ambiguous, self._ambiguous, self._no_misuse)
+        return ops.select(column[STAGE] == self._stepped, self._step_twice, code)
+
+    @staticmethod
+    def raise_step_misuse(code):
+        """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
+        if code == STEP_TWICE:
+            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
+                               "iteration, after every optimizer's step(); with several optimizers give each its "
+                               "own key.")
+        if code == SCALED_GRADIENTS:
+            raise RuntimeError("step() got the scaled gradients that unscale_() was given for this optimizer. In "
+                               "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
+                               "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads).")
+        if code == LARGER_THAN_UNSCALED:
+            raise RuntimeError("step() got gradients with a larger global norm than the ones unscale_() returned for "
+                               "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
+                               "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
+                               "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
+                               "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
+                               "only changes that do not raise the norm are accepted: to add to the gradients on "
+                               "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay.")
+        if code == AMBIGUOUS:
+            raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
+                               "this iteration (the same shapes, or part of them, or holding them), and not yet "
+                               "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
+                               "returned for this optimizer, with the same key: to clip several optimizers' "
+                               "gradients together, unscale_() each optimizer's own gradients, clip them together "
+                               "and step each optimizer with its part. Otherwise call unscale_() for this "
+                               "optimizer too, or step the other one first.")
+        return code
+
+    def refuse_update_without_checks(self):
+        """PyTorch: update() needs an unscale_() or step() since the last update()."""
+        if _reduce_all(self._rows()[STAGE] == self._ready):
+            raise AssertionError("No inf checks were recorded prior to update(): call step() (or unscale_()) for "
+                                 "each optimizer before update().")
+        return self.table
+
+    # ---- graph: records (one whole-table write each) ---------------------------------------------
+    @staticmethod
+    def _written(table, where, values):
+        """``table`` with ``values`` (broadcast to it) where ``where`` is True."""
+        return ops.select(where, ops.broadcast_to(values, table.shape), table)
+
+    def _write(self, where, values):
+        """``table[where] = values`` (``values`` broadcast to the table); returns the assign."""
+        return ops.assign(self.table, self._written(self.table, where, values))
+
+    def record_unscale(self, slot, column, found, fingerprint, structure, norm):
+        """Record an unscale_() if the slot's ``column`` (read before) is READY; else nothing changes (refused)."""
+        values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32), norm)).reshape(
+            (ROWS, 1))
+        where = ops.logical_and(self._unscale_rows, self._slot_columns[slot])
+        return self._write(ops.logical_and(where, column[STAGE] == self._ready), values)
+
+    def record_step(self, slot, found, code):
+        """Record this step's decision unless it is refused (``code`` != 0: nothing changes); return
+        whether the optimizer is skipped (an overflow, or a refusal)."""
+        refused = code != self._no_misuse
+        values = ops.stack((self._stepped, found, self._zero, self._zero, self._zero)).reshape((ROWS, 1))
+        where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
+        done = self._write(where, values)
+        return ops.depend(ops.logical_or(refused, found > self._zero), done)
+
+    def reset(self):
+        """A new iteration: every slot READY, no overflow recorded."""
+        return self._write(self._iteration_rows, self._zero)
+
+    # ---- host ----------------------------------------------------------------------------------
+    def host_table(self):
+        """The table as read on the host (a NumPy copy, one sync); None inside a compiled function, where the graph
+        reads it (:func:`lossscale.core._parameters.outside_graph`)."""
+        if outside_graph(self.table):
+            return self.table.asnumpy().copy()
+        return None
+
+    def refuse_related_unscaled(self, table, slot, structure):
+        """From Python, before step() records anything: the AMBIGUOUS refusal of :meth:`ready_code`, with the
+        structures known now (a step compiled earlier knows those known when it was compiled)."""
+        if table is None or table[STAGE, slot] != READY:
+            return
+        related = np.isin(table[STRUCTURE], _related_signatures(structure))
+        others = np.arange(self.capacity) != slot
+        if np.any((table[STAGE] == UNSCALED) & related & others):
+            self.raise_step_misuse(AMBIGUOUS)
+
+    @staticmethod
+    def unscaled_in(table, slot):
+        """Whether ``slot``'s stage is UNSCALED in ``table`` (a :meth:`host_table` copy); None without one."""
+        if table is None:
+            return None
+        return bool(table[STAGE, slot] == UNSCALED)
+
+    def apply_or_restore(self, optimizer, grads, table):
+        """From Python: ``optimizer(grads)``. If it raises, the table is written back to ``table`` (as read before
+        this step()), so that step() can be called again: PyTorch records a step only once its optimizer
+        returned. (Was: the failed step stayed recorded, and the retry was refused as a second step.)"""
+        try:
+            return optimizer(grads)
+        except BaseException:
+            write_parameter(self.table, table)
+            raise
+
+    def between_iterations(self):
+        """True when no unscale_() or step() happened since the last update() (one host sync)."""
+        return not self.table.asnumpy()[STAGE].any()
