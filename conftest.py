@@ -5,6 +5,7 @@ MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory whenev
 end of the session, a file the tests left in the repository fails the run (ignored ones too, such as
 ``rank_*/``, but not caches), and the temporary folder is removed.
 """
+
 import atexit
 import os
 import shutil
@@ -32,12 +33,20 @@ CACHES = ("__pycache__/", ".hypothesis/", ".pytest_cache/", ".egg-info/")
 def _untracked():
     """Files git does not track (ignored ones included, caches not), or None outside a git checkout."""
     try:
-        done = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "--ignored"],
-                              capture_output=True, text=True, timeout=60, check=True)
+        done = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "--ignored"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    return {line[3:] for line in done.stdout.splitlines()
-            if line[:2] in ("??", "!!") and not any(cache in line for cache in CACHES)}
+    return {
+        line[3:]
+        for line in done.stdout.splitlines()
+        if line[:2] in ("??", "!!") and not any(cache in line for cache in CACHES)
+    }
 
 
 def pytest_sessionstart(session):

@@ -1,4 +1,5 @@
 """lossscale: safe float16 loss scaling for MindSpore on every backend."""
+
 import os
 import re
 

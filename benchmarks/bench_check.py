@@ -9,10 +9,10 @@ The gradients are passed as ``mindspore.mutable`` tuples. A plain tuple of Tenso
 compile-time constant in graph mode: MindSpore folds the whole check away and the call only
 measures dispatch (an earlier version of this file did that and reported 0.11 ms).
 """
+
 import argparse
 
 import numpy as np
-
 from common import emit, make_network, rotating_rounds, summarise
 
 
@@ -72,12 +72,21 @@ def main():
 
             wrapped = {name: Call(cell) for name, cell in variants.items()}
             bad = tuple(g if i else ms.Tensor(np.full(g.shape, np.nan, dtype)) for i, g in enumerate(grads))
-            agree = {name: (bool(cell(ms.mutable(grads)).asnumpy()), bool(cell(ms.mutable(bad)).asnumpy()))
-                     for name, cell in variants.items()}
+            agree = {
+                name: (bool(cell(ms.mutable(grads)).asnumpy()), bool(cell(ms.mutable(bad)).asnumpy()))
+                for name, cell in variants.items()
+            }
             times = rotating_rounds(wrapped, grads, args.rounds, args.steps, args.warmup)
             summary, ratios = summarise(times, [("all_finite", "lossscale")])
-            results.append({"model": model, "dtype": np.dtype(dtype).name, "summary": summary,
-                            "speedup": ratios["all_finite/lossscale"], "finite_then_nan": agree})
+            results.append(
+                {
+                    "model": model,
+                    "dtype": np.dtype(dtype).name,
+                    "summary": summary,
+                    "speedup": ratios["all_finite/lossscale"],
+                    "finite_then_nan": agree,
+                }
+            )
     emit({"checks": results})
 
 

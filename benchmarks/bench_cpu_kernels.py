@@ -9,6 +9,7 @@ step (1) and of lossscale's train cell (2) under each setting, the speed-up of t
 lossscale/plain (measured within each process) under each setting: the faster the convolutions, the more
 visible the cost of loss scaling.
 """
+
 import argparse
 import os
 import statistics
@@ -31,8 +32,9 @@ def measure(level, pairs):
     for _ in range(pairs):
         for setting in SETTINGS:
             env = dict(os.environ, **{ONEDNN_ISA_VARIABLE: setting})
-            results[setting].append(run_process("bench_step.py", ["--model=lenet5", f"--level={level}", *TIMING],
-                                                timeout=1800, env=env))
+            results[setting].append(
+                run_process("bench_step.py", ["--model=lenet5", f"--level={level}", *TIMING], timeout=1800, env=env)
+            )
     return results
 
 
@@ -41,17 +43,24 @@ def _median(payloads, read):
 
 
 def table(rows):
-    header = (f"{'level':<7}{'plain DEFAULT':>15}{'plain AVX2':>12}{'speed-up':>10}{'ls DEFAULT':>12}{'ls AVX2':>10}"
-              f"{'ls/plain DEFAULT':>18}{'ls/plain AVX2':>15}")
+    header = (
+        f"{'level':<7}{'plain DEFAULT':>15}{'plain AVX2':>12}{'speed-up':>10}{'ls DEFAULT':>12}{'ls AVX2':>10}"
+        f"{'ls/plain DEFAULT':>18}{'ls/plain AVX2':>15}"
+    )
     lines = [header, "-" * len(header)]
     for level, results in rows:
-        step = {(setting, variant): _median(results[setting], lambda p, v=variant: p["summary"][v]["median_ms"])
-                for setting in SETTINGS for variant in ("plain", "lossscale")}
+        step = {
+            (setting, variant): _median(results[setting], lambda p, v=variant: p["summary"][v]["median_ms"])
+            for setting in SETTINGS
+            for variant in ("plain", "lossscale")
+        }
         ratio = {setting: _median(results[setting], lambda p: p["ratios"]["lossscale/plain"]) for setting in SETTINGS}
-        lines.append(f"{level:<7}{step['DEFAULT', 'plain']:>12.2f} ms{step['AVX2', 'plain']:>9.2f} ms"
-                     f"{step['DEFAULT', 'plain'] / step['AVX2', 'plain']:>9.1f}x"
-                     f"{step['DEFAULT', 'lossscale']:>9.2f} ms{step['AVX2', 'lossscale']:>7.2f} ms"
-                     f"{ratio['DEFAULT']:>18.3f}{ratio['AVX2']:>15.3f}")
+        lines.append(
+            f"{level:<7}{step['DEFAULT', 'plain']:>12.2f} ms{step['AVX2', 'plain']:>9.2f} ms"
+            f"{step['DEFAULT', 'plain'] / step['AVX2', 'plain']:>9.1f}x"
+            f"{step['DEFAULT', 'lossscale']:>9.2f} ms{step['AVX2', 'lossscale']:>7.2f} ms"
+            f"{ratio['DEFAULT']:>18.3f}{ratio['AVX2']:>15.3f}"
+        )
     return "\n".join(lines)
 
 

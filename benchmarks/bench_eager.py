@@ -14,13 +14,13 @@ Variants (each step: value_and_grad of the scaled loss, then the front-end's cal
 Prints a table (median step time and interquartile range, paired ratio to plain, first call: compile and
 first step, median of fresh builds) and a RESULT line.
 """
+
 import argparse
 import sys
 
 import numpy as np
-
+from bench_step import build_plain
 from common import emit, first_call_seconds, make_inputs, rotating_rounds, summarise
-from bench_step import _loss_fn, _optimizer, build_plain
 
 
 def _network_and_optimizer(level):
@@ -118,8 +118,13 @@ def build_keras(level, package):
     return step
 
 
-BUILDERS = {"plain": build_plain_eager, "ms_eager": build_ms_eager, "gradscaler": build_gradscaler,
-            "gradscaler_unscale": build_gradscaler_unscale, "keras": build_keras}
+BUILDERS = {
+    "plain": build_plain_eager,
+    "ms_eager": build_ms_eager,
+    "gradscaler": build_gradscaler,
+    "gradscaler_unscale": build_gradscaler_unscale,
+    "keras": build_keras,
+}
 OURS = ("gradscaler", "gradscaler_unscale", "keras")
 
 
@@ -128,8 +133,10 @@ def table(result):
     lines = [f"{'variant':<28}{'step ms':>10}{'IQR':>8}{'/plain':>8}{'first call s':>14}", "-" * 68]
     for name in summary:
         ratio = ratios.get(f"{name}/plain", 1.0)
-        lines.append(f"{name:<28}{summary[name]['median_ms']:>10.2f}{summary[name]['iqr_ms']:>8.2f}{ratio:>8.3f}"
-                     f"{first[name]:>14.2f}")
+        lines.append(
+            f"{name:<28}{summary[name]['median_ms']:>10.2f}{summary[name]['iqr_ms']:>8.2f}{ratio:>8.3f}"
+            f"{first[name]:>14.2f}"
+        )
     for name, value in ratios.items():
         if name.endswith("_release"):
             lines.append(f"{name}: {value:.3f} (paired step ratio)")
@@ -148,6 +155,7 @@ def main():
     args = parser.parse_args()
 
     import mindspore as ms
+
     import lossscale
 
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
@@ -161,7 +169,7 @@ def main():
     first_calls, steps = {name: [] for name in builders}, {}
     names = list(builders)
     for build in range(args.builds):
-        for name in names[build % len(names):] + names[:build % len(names)]:
+        for name in names[build % len(names) :] + names[: build % len(names)]:
             ms.set_seed(0)
             function, package = builders[name]
             steps[name] = function(args.level, package)
@@ -170,8 +178,12 @@ def main():
     baselines = [(name, "plain") for name in names if name != "plain"]
     baselines += [(name, f"{name}_release") for name in OURS if f"{name}_release" in builders]
     summary, ratios = summarise(times, baselines)
-    result = {"level": args.level, "summary": summary, "ratios": ratios,
-              "first_call_s": {name: float(np.median(seconds)) for name, seconds in first_calls.items()}}
+    result = {
+        "level": args.level,
+        "summary": summary,
+        "ratios": ratios,
+        "first_call_s": {name: float(np.median(seconds)) for name, seconds in first_calls.items()},
+    }
     print(table(result))
     emit(result)
     return 0

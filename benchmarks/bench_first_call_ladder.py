@@ -32,6 +32,7 @@ measurements, not configurations: a knocked-out step trains wrongly in the cases
 Each round builds every variant afresh, in rotating order, and times its first call (compile and first step);
 the table gives the median over rounds and the ratio to 0.1.0 (or to the current code with --no-release).
 """
+
 import argparse
 import statistics
 import sys
@@ -53,13 +54,17 @@ def _replacing(originals, ladder):
 def _train_cell_knock_outs():
     """The train cell's ladder (see the module docstring), as :func:`_gradscaler_knock_outs`."""
     import mindspore as ms
+
     from lossscale.training import bookkeeping, managers, train_cell
 
     cell_class = train_cell.TrainOneStepWithLossScaleCell
-    originals = {(cell_class, "_with_loss_flag"): cell_class.__dict__["_with_loss_flag"],
-                 (bookkeeping.OverflowCounters, "count"): bookkeeping.OverflowCounters.__dict__["count"],
-                 (managers.DynamicLossScaleManager, "get_update_cell"):
-                     managers.DynamicLossScaleManager.__dict__["get_update_cell"]}
+    originals = {
+        (cell_class, "_with_loss_flag"): cell_class.__dict__["_with_loss_flag"],
+        (bookkeeping.OverflowCounters, "count"): bookkeeping.OverflowCounters.__dict__["count"],
+        (managers.DynamicLossScaleManager, "get_update_cell"): managers.DynamicLossScaleManager.__dict__[
+            "get_update_cell"
+        ],
+    }
 
     def flag_without_loss(self, flag, loss):
         return flag
@@ -73,8 +78,13 @@ def _train_cell_knock_outs():
     loss_flag = {(cell_class, "_with_loss_flag"): flag_without_loss}
     counters = {(bookkeeping.OverflowCounters, "count"): no_counting}
     update_cell = {(managers.DynamicLossScaleManager, "get_update_cell"): mindspore_update_cell}
-    ladder = {"current": {}, "- non-finite loss flag": loss_flag, "- overflow counters": counters,
-              "- MindSpore's update cell": update_cell, "- all three": {**loss_flag, **counters, **update_cell}}
+    ladder = {
+        "current": {},
+        "- non-finite loss flag": loss_flag,
+        "- overflow counters": counters,
+        "- MindSpore's update cell": update_cell,
+        "- all three": {**loss_flag, **counters, **update_cell},
+    }
     return _replacing(originals, ladder)
 
 
@@ -84,12 +94,14 @@ def _gradscaler_knock_outs():
     from lossscale.frontends import grad_scaler, iteration
     from lossscale.frontends.optimizer_states import OptimizerStates
 
-    originals = {(OptimizerStates, "raise_step_misuse"): OptimizerStates.__dict__["raise_step_misuse"],
-                 (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
-                 (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
-                 (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
-                 (scaler.LossScaler, "set_rule"): scaler.LossScaler.set_rule,
-                 (scaler, "_scale_tree"): scaler._scale_tree}
+    originals = {
+        (OptimizerStates, "raise_step_misuse"): OptimizerStates.__dict__["raise_step_misuse"],
+        (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
+        (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
+        (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
+        (scaler.LossScaler, "set_rule"): scaler.LossScaler.set_rule,
+        (scaler, "_scale_tree"): scaler._scale_tree,
+    }
     step_decision = originals[(iteration.IterationGraph, "step_decision")]
 
     # Named functions, not lambdas: MindSpore's parser needs a lambda on a line of its own.
@@ -113,14 +125,21 @@ def _gradscaler_knock_outs():
     def no_rule_change(self, *args, **kwargs):
         return None
 
-    raises = {(OptimizerStates, "raise_step_misuse"): staticmethod(no_step_raise),
-              (OptimizerStates, "refuse_update_without_checks"): no_update_raise}
+    raises = {
+        (OptimizerStates, "raise_step_misuse"): staticmethod(no_step_raise),
+        (OptimizerStates, "refuse_update_without_checks"): no_update_raise,
+    }
     branch = {(iteration.IterationGraph, "step_decision"): only_the_usual_branch}
     constants = {(grad_scaler, "LossScaler"): constant_rule_core, (scaler.LossScaler, "set_rule"): no_rule_change}
     loss_term = {(scaler, "_scale_tree"): scale_tree_times_s}
-    ladder = {"current": {}, "- runtime raises": raises, "- after-unscale_ branch": branch,
-              "- rule in Parameters": constants, "- non-finite loss term": loss_term,
-              "- all four": {**raises, **branch, **constants, **loss_term}}
+    ladder = {
+        "current": {},
+        "- runtime raises": raises,
+        "- after-unscale_ branch": branch,
+        "- rule in Parameters": constants,
+        "- non-finite loss term": loss_term,
+        "- all four": {**raises, **branch, **constants, **loss_term},
+    }
     return _replacing(originals, ladder)
 
 
@@ -138,6 +157,7 @@ def main():
     args = parser.parse_args()
 
     import mindspore as ms
+
     from lossscale import GradScaler
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -160,6 +180,7 @@ def main():
 
         def build_release_step():
             return build_release("mlp", args.level)
+
     builders = {} if args.no_release else {"0.1.0": build_release_step}
     for name, replacements in ladder.items():
         builders[name] = lambda replacements=replacements: (_apply(replacements), build())[1]
@@ -167,7 +188,7 @@ def main():
     seconds = {name: [] for name in builders}
     names = list(builders)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             step = builders[name]()
             seconds[name].append(first_call_seconds(step, inputs))
             restore()  # a knock-out lives only while its own step compiles

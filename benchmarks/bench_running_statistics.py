@@ -15,10 +15,10 @@ Variants, interleaved in rotating order in one process (benchmarks/common.py):
 Prints median step time, the paired ratio guarded/unguarded, and the median first call (compile and
 first step) of ``--builds`` fresh builds per variant.
 """
+
 import argparse
 
 import numpy as np
-
 from common import first_call_seconds, rotating_rounds, summarise
 
 BATCH = 64
@@ -28,8 +28,7 @@ def _inputs():
     from mindspore import Tensor
 
     rng = np.random.RandomState(0)
-    return (Tensor(rng.rand(BATCH, 1, 8, 8).astype(np.float32)),
-            Tensor(rng.randint(0, 10, BATCH).astype(np.int32)))
+    return (Tensor(rng.rand(BATCH, 1, 8, 8).astype(np.float32)), Tensor(rng.randint(0, 10, BATCH).astype(np.int32)))
 
 
 def build(variant, level):
@@ -45,8 +44,9 @@ def build(variant, level):
     if variant == "plain":
         step = ms.amp.build_train_network(network, optimizer, loss_fn, level=level, loss_scale_manager=None)
     else:
-        step = build_train_network(network, optimizer, loss_fn, level=level,
-                                   loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16))
+        step = build_train_network(
+            network, optimizer, loss_fn, level=level, loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16)
+        )
         assert step.running_statistics is not None
         if variant == "unguarded":
             step.running_statistics = None
@@ -71,14 +71,17 @@ def main():
     for level in args.levels:
         first = {name: [] for name in names}
         for b in range(args.builds):
-            for name in names[b % 3:] + names[:b % 3]:
+            for name in names[b % 3 :] + names[: b % 3]:
                 first[name].append(first_call_seconds(build(name, level), inputs))
         variants = {name: build(name, level) for name in names}
         times = rotating_rounds(variants, inputs, args.rounds, args.steps, warmup=10)
         summary, ratios = summarise(times, [("guarded", "unguarded")])
-        print(f"| {level} | {summary['guarded']['median_ms']:.2f} | {summary['unguarded']['median_ms']:.2f} | "
-              f"{summary['plain']['median_ms']:.2f} | {ratios['guarded/unguarded']:.3f} | "
-              f"{np.median(first['guarded']):.2f} / {np.median(first['unguarded']):.2f} |", flush=True)
+        print(
+            f"| {level} | {summary['guarded']['median_ms']:.2f} | {summary['unguarded']['median_ms']:.2f} | "
+            f"{summary['plain']['median_ms']:.2f} | {ratios['guarded/unguarded']:.3f} | "
+            f"{np.median(first['guarded']):.2f} / {np.median(first['unguarded']):.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

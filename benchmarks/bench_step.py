@@ -14,14 +14,21 @@ Variants:
   release     (2r) as (2), with lossscale 0.1.0 (benchmarks/release.py): what the redesign costs
   gradscaler_release (4r) as (4), with lossscale 0.1.0's GradScaler
 """
+
 import argparse
 
 import numpy as np
-
 from common import LEVELS, MODELS, emit, first_call_seconds, make_inputs, make_network, rotating_rounds, summarise
 
-BASELINES = [("lossscale", "plain"), ("lossscale", "plain_if"), ("lossscale", "ms_jit"), ("plain_if", "plain"),
-             ("lossscale", "plain_wait"), ("plain_wait", "plain_if"), ("gradscaler", "ms_jit")]
+BASELINES = [
+    ("lossscale", "plain"),
+    ("lossscale", "plain_if"),
+    ("lossscale", "ms_jit"),
+    ("plain_if", "plain"),
+    ("lossscale", "plain_wait"),
+    ("plain_wait", "plain_if"),
+    ("gradscaler", "ms_jit"),
+]
 
 
 def _loss_fn():
@@ -40,8 +47,7 @@ def build_plain(model, level):
     import mindspore as ms
 
     network = make_network(model)
-    return ms.amp.build_train_network(network, _optimizer(network), _loss_fn(), level=level,
-                                      loss_scale_manager=None)
+    return ms.amp.build_train_network(network, _optimizer(network), _loss_fn(), level=level, loss_scale_manager=None)
 
 
 def _under_if(model, level, wait_for_gradients):
@@ -82,8 +88,13 @@ def build_lossscale(model, level):
     from lossscale import DynamicLossScaleManager, build_train_network
 
     network = make_network(model)
-    return build_train_network(network, _optimizer(network), _loss_fn(), level=level,
-                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16))
+    return build_train_network(
+        network,
+        _optimizer(network),
+        _loss_fn(),
+        level=level,
+        loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16),
+    )
 
 
 def _scaled_grad_fn(scaler, model, level):
@@ -124,8 +135,13 @@ def build_release(model, level):
 
     release = materialise()
     network = make_network(model)
-    return release.build_train_network(network, _optimizer(network), _loss_fn(), level=level,
-                                       loss_scale_manager=release.DynamicLossScaleManager(init_loss_scale=2**16))
+    return release.build_train_network(
+        network,
+        _optimizer(network),
+        _loss_fn(),
+        level=level,
+        loss_scale_manager=release.DynamicLossScaleManager(init_loss_scale=2**16),
+    )
 
 
 def _gradscaler_step(scaler_class, model, level):
@@ -157,8 +173,14 @@ def build_gradscaler_release(model, level):
     return _gradscaler_step(materialise().GradScaler, model, level)
 
 
-BUILDERS = {"plain": build_plain, "plain_if": build_plain_if, "plain_wait": build_plain_wait,
-            "lossscale": build_lossscale, "ms_jit": build_ms_jit, "gradscaler": build_gradscaler}
+BUILDERS = {
+    "plain": build_plain,
+    "plain_if": build_plain_if,
+    "plain_wait": build_plain_wait,
+    "lossscale": build_lossscale,
+    "ms_jit": build_ms_jit,
+    "gradscaler": build_gradscaler,
+}
 # Against lossscale 0.1.0 (--release): needs this repository's git history (benchmarks/release.py).
 RELEASE_BUILDERS = {"release": build_release, "gradscaler_release": build_gradscaler_release}
 RELEASE_BASELINES = [("lossscale", "release"), ("gradscaler", "gradscaler_release")]
@@ -193,16 +215,22 @@ def main():
     variants, first_calls = {}, {name: [] for name in builders}
     names = list(builders)
     for build in range(args.builds):  # rotating order, like the step rounds; the last build is timed below
-        for name in names[build % len(names):] + names[:build % len(names)]:
+        for name in names[build % len(names) :] + names[: build % len(names)]:
             ms.set_seed(0)
             variants[name] = builders[name](args.model, args.level)
             first_calls[name].append(first_call_seconds(variants[name], inputs))
     first_call = {name: float(np.median(seconds)) for name, seconds in first_calls.items()}
     times = rotating_rounds(variants, inputs, args.rounds, args.steps, args.warmup)
     summary, ratios = summarise(times, baselines)
-    payload = {"model": args.model, "level": args.level, "batch": MODELS[args.model], "summary": summary,
-               "ratios": ratios, "first_call_s": first_call,
-               "first_call_ratio": first_call["lossscale"] / first_call["plain"]}
+    payload = {
+        "model": args.model,
+        "level": args.level,
+        "batch": MODELS[args.model],
+        "summary": summary,
+        "ratios": ratios,
+        "first_call_s": first_call,
+        "first_call_ratio": first_call["lossscale"] / first_call["plain"],
+    }
     if args.release:
         payload["first_call_vs_release"] = first_call["lossscale"] / first_call["release"]
         payload["gradscaler_first_call_vs_release"] = first_call["gradscaler"] / first_call["gradscaler_release"]

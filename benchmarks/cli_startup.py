@@ -5,6 +5,7 @@
 Each command runs in a fresh process ``--runs`` times; the table gives the median and the slowest
 wall time, and ``import mindspore`` alone for comparison. The target is well under a second.
 """
+
 import argparse
 import statistics
 import subprocess
@@ -29,16 +30,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    rows = [(" ".join(["lossscale", *command]), seconds([sys.executable, "-m", "lossscale", *command], args.runs))
-            for command in COMMANDS]
+    rows = [
+        (" ".join(["lossscale", *command]), seconds([sys.executable, "-m", "lossscale", *command], args.runs))
+        for command in COMMANDS
+    ]
     rows.append(("python -c 'import mindspore'", seconds([sys.executable, "-c", "import mindspore"], args.runs)))
     width = max(len(name) for name, _ in rows)
     print(f"{'command':<{width}}  {'median s':>9}  {'max s':>7}")
     for name, times in rows:
         print(f"{name:<{width}}  {statistics.median(times):>9.3f}  {max(times):>7.3f}")
     slowest = max(max(times) for name, times in rows[:-1])
-    print(f"{'MET' if slowest < TARGET_SECONDS else 'MISS'}  every --help/--version under {TARGET_SECONDS:g} s: "
-          f"slowest {slowest:.3f} s")
+    print(
+        f"{'MET' if slowest < TARGET_SECONDS else 'MISS'}  every --help/--version under {TARGET_SECONDS:g} s: "
+        f"slowest {slowest:.3f} s"
+    )
 
 
 if __name__ == "__main__":

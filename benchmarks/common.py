@@ -1,4 +1,5 @@
 """Shared pieces of the benchmarks: networks, inputs, timing with rotation, statistics."""
+
 import json
 import os
 import sys
@@ -61,7 +62,7 @@ def rotating_rounds(variants, inputs, rounds, steps, warmup):
             synchronised(variants[name], inputs)
     times = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             times[name].append([synchronised(variants[name], inputs) for _ in range(steps)])
     return times
@@ -75,8 +76,11 @@ def summarise(times, baselines):
     summary = {}
     for name, per_round in times.items():
         flat = np.concatenate(per_round) * 1e3
-        summary[name] = {"median_ms": float(np.median(flat)), "iqr_ms": float(np.subtract(*np.percentile(flat, [75, 25]))),
-                         "steps": int(flat.size)}
+        summary[name] = {
+            "median_ms": float(np.median(flat)),
+            "iqr_ms": float(np.subtract(*np.percentile(flat, [75, 25]))),
+            "steps": int(flat.size),
+        }
     ratios = {}
     for a, b in baselines:
         per_round = [np.median(ra) / np.median(rb) for ra, rb in zip(times[a], times[b])]

@@ -6,6 +6,7 @@ folder on ``sys.path``, so one process can build and time both versions side by 
 is removed when the process exits. The default revision is the 0.1.0 release, the last before the
 core/front-end redesign.
 """
+
 import atexit
 import io
 import os
@@ -25,8 +26,9 @@ def materialise(ref=RELEASE_0_1_0):
     if "lossscale_release" in sys.modules:
         return sys.modules["lossscale_release"]
     try:
-        archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", ref, "lossscale"],
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", ROOT, "archive", "--format=tar", ref, "lossscale"], capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"cannot extract lossscale at {ref!r} with git: {error}") from None
     folder = tempfile.mkdtemp(prefix="lossscale_release_")

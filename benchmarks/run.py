@@ -13,6 +13,7 @@ Targets (issue "Performance"), checked on the full run only:
   - our check >= 3x faster than mindspore.amp.all_finite on the MLP gradients, float32 and float16;
   - first call of lossscale <= 1.3x the first call of plain.
 """
+
 import argparse
 import json
 import os
@@ -38,7 +39,7 @@ def run_process(script, args, timeout, env=None):
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _timing_args(settings):
@@ -47,37 +48,48 @@ def _timing_args(settings):
 
 def _time_cells(result, variants):
     """``median ± IQR`` step-time cells of ``variants`` (16 characters each)."""
-    return "".join(f"{result['summary'][v]['median_ms']:>9.2f} ±{result['summary'][v]['iqr_ms']:>5.2f}"
-                   for v in variants)
+    return "".join(
+        f"{result['summary'][v]['median_ms']:>9.2f} ±{result['summary'][v]['iqr_ms']:>5.2f}" for v in variants
+    )
 
 
 def step_table(results):
-    header = (f"{'config':<12}{'plain':>16}{'plain_if':>16}{'plain_wait':>16}{'lossscale':>16}{'ms_jit':>16}"
-              f"{'ls/plain':>10}{'ls/if':>8}{'ls/wait':>9}{'ls/jit':>8}{'1st call ls/plain':>19}")
+    header = (
+        f"{'config':<12}{'plain':>16}{'plain_if':>16}{'plain_wait':>16}{'lossscale':>16}{'ms_jit':>16}"
+        f"{'ls/plain':>10}{'ls/if':>8}{'ls/wait':>9}{'ls/jit':>8}{'1st call ls/plain':>19}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         cells = _time_cells(r, ("plain", "plain_if", "plain_wait", "lossscale", "ms_jit"))
         ratios = r["ratios"]
-        lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{ratios['lossscale/plain']:>10.3f}"
-                     f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/plain_wait']:>9.3f}"
-                     f"{ratios['lossscale/ms_jit']:>8.3f}"
-                     f"{r['first_call_ratio']:>19.2f}")
+        lines.append(
+            f"{r['model'] + ' ' + r['level']:<12}{cells}{ratios['lossscale/plain']:>10.3f}"
+            f"{ratios['lossscale/plain_if']:>8.3f}{ratios['lossscale/plain_wait']:>9.3f}"
+            f"{ratios['lossscale/ms_jit']:>8.3f}"
+            f"{r['first_call_ratio']:>19.2f}"
+        )
     lines.append("step times: median ± interquartile range in ms; ratios: median over rounds of paired ratios")
     return "\n".join(lines)
 
 
 def redesign_table(results):
     """The current code against lossscale 0.1.0 (benchmarks/release.py), in the same processes."""
-    header = (f"{'config':<12}{'lossscale':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}"
-              f"{'GradScaler':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}{'GS/ms_jit':>11}")
+    header = (
+        f"{'config':<12}{'lossscale':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}"
+        f"{'GradScaler':>16}{'0.1.0':>16}{'step':>8}{'1st call':>10}{'GS/ms_jit':>11}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         q = r["ratios"]
         cells, grad = _time_cells(r, ("lossscale", "release")), _time_cells(r, ("gradscaler", "gradscaler_release"))
-        lines.append(f"{r['model'] + ' ' + r['level']:<12}{cells}{q['lossscale/release']:>8.3f}"
-                     f"{r['first_call_vs_release']:>10.2f}{grad}{q['gradscaler/gradscaler_release']:>8.3f}"
-                     f"{r['gradscaler_first_call_vs_release']:>10.2f}{q['gradscaler/ms_jit']:>11.3f}")
-    lines.append("current / 0.1.0: paired step ratio (median over rounds) and first-call ratio (medians of fresh builds)")
+        lines.append(
+            f"{r['model'] + ' ' + r['level']:<12}{cells}{q['lossscale/release']:>8.3f}"
+            f"{r['first_call_vs_release']:>10.2f}{grad}{q['gradscaler/gradscaler_release']:>8.3f}"
+            f"{r['gradscaler_first_call_vs_release']:>10.2f}{q['gradscaler/ms_jit']:>11.3f}"
+        )
+    lines.append(
+        "current / 0.1.0: paired step ratio (median over rounds) and first-call ratio (medians of fresh builds)"
+    )
     return "\n".join(lines)
 
 
@@ -89,8 +101,10 @@ def eager_table(eager):
         if name.endswith("_release"):
             continue
         release = eager["ratios"].get(f"{name}/{name}_release")
-        lines.append(f"{name:<28}{_time_cells(eager, (name,))}{eager['ratios'].get(f'{name}/plain', 1.0):>8.3f}"
-                     f"{'' if release is None else f'{release:.3f}':>8}{eager['first_call_s'][name]:>12.2f}")
+        lines.append(
+            f"{name:<28}{_time_cells(eager, (name,))}{eager['ratios'].get(f'{name}/plain', 1.0):>8.3f}"
+            f"{'' if release is None else f'{release:.3f}':>8}{eager['first_call_s'][name]:>12.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -98,8 +112,10 @@ def check_table(checks):
     header = f"{'gradients':<18}{'lossscale ms':>14}{'all_finite ms':>15}{'speedup':>9}"
     lines = [header, "-" * len(header)]
     for c in checks:
-        lines.append(f"{c['model'] + ' ' + c['dtype']:<18}{c['summary']['lossscale']['median_ms']:>14.3f}"
-                     f"{c['summary']['all_finite']['median_ms']:>15.3f}{c['speedup']:>8.1f}x")
+        lines.append(
+            f"{c['model'] + ' ' + c['dtype']:<18}{c['summary']['lossscale']['median_ms']:>14.3f}"
+            f"{c['summary']['all_finite']['median_ms']:>15.3f}{c['speedup']:>8.1f}x"
+        )
     return "\n".join(lines)
 
 
@@ -108,12 +124,23 @@ def verdicts(steps, checks):
     rows = []
     for r in steps:
         name = f"{r['model']} {r['level']}"
-        rows.append((f"{name}: lossscale/plain_if <= 1.05", r["ratios"]["lossscale/plain_if"],
-                     r["ratios"]["lossscale/plain_if"] <= 1.05))
-        rows.append((f"{name}: lossscale/plain <= 1.05", r["ratios"]["lossscale/plain"],
-                     r["ratios"]["lossscale/plain"] <= 1.05))
-        rows.append((f"{name}: lossscale faster than ms_jit", r["ratios"]["lossscale/ms_jit"],
-                     r["ratios"]["lossscale/ms_jit"] < 1.0))
+        rows.append(
+            (
+                f"{name}: lossscale/plain_if <= 1.05",
+                r["ratios"]["lossscale/plain_if"],
+                r["ratios"]["lossscale/plain_if"] <= 1.05,
+            )
+        )
+        rows.append(
+            (f"{name}: lossscale/plain <= 1.05", r["ratios"]["lossscale/plain"], r["ratios"]["lossscale/plain"] <= 1.05)
+        )
+        rows.append(
+            (
+                f"{name}: lossscale faster than ms_jit",
+                r["ratios"]["lossscale/ms_jit"],
+                r["ratios"]["lossscale/ms_jit"] < 1.0,
+            )
+        )
         rows.append((f"{name}: first call <= 1.3x plain", r["first_call_ratio"], r["first_call_ratio"] <= 1.3))
     for c in checks:
         if c["model"] == "mlp":
@@ -127,8 +154,11 @@ def main():
     parser.add_argument("--output", default=os.path.join(HERE, "results.json"))
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS))
-    parser.add_argument("--no-release", action="store_true",
-                        help="skip the comparison with lossscale 0.1.0 (always skipped with --smoke)")
+    parser.add_argument(
+        "--no-release",
+        action="store_true",
+        help="skip the comparison with lossscale 0.1.0 (always skipped with --smoke)",
+    )
     args = parser.parse_args()
     release = [] if args.smoke or args.no_release else ["--release"]
     settings = SMOKE if args.smoke else FULL
@@ -140,8 +170,13 @@ def main():
         for level in args.levels:
             print(f"... {model} {level}", file=sys.stderr, flush=True)
             builds = BUILDS["smoke" if args.smoke else "full"]
-            steps.append(run_process("bench_step.py", ["--model", model, "--level", level, f"--builds={builds}",
-                                                       *release, *_timing_args(settings)], timeout))
+            steps.append(
+                run_process(
+                    "bench_step.py",
+                    ["--model", model, "--level", level, f"--builds={builds}", *release, *_timing_args(settings)],
+                    timeout,
+                )
+            )
     print("... eager front-ends (mlp O0, PyNative)", file=sys.stderr, flush=True)
     eager_settings = EAGER_SMOKE if args.smoke else EAGER_FULL
     eager = run_process("bench_eager.py", [*release, *_timing_args(eager_settings)], timeout)
@@ -159,8 +194,15 @@ def main():
         for text, value, met in rows:
             print(f"{'MET ' if met else 'MISS'}  {text}: {value:.3f}")
         print(f"{sum(m for _, _, m in rows)}/{len(rows)} targets met")
-    payload = {"settings": settings, "smoke": args.smoke, "seconds": time.time() - start, "steps": steps,
-               "eager": eager, "checks": checks, "targets": [{"target": t, "value": v, "met": m} for t, v, m in rows]}
+    payload = {
+        "settings": settings,
+        "smoke": args.smoke,
+        "seconds": time.time() - start,
+        "steps": steps,
+        "eager": eager,
+        "checks": checks,
+        "targets": [{"target": t, "value": v, "met": m} for t, v, m in rows],
+    }
     with open(args.output, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2)
     print(f"\n{len(steps)} configurations in {time.time() - start:.0f} s; JSON: {args.output}")

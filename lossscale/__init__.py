@@ -1,24 +1,18 @@
 """lossscale: safe float16 loss scaling for MindSpore on CPU, GPU and Ascend.
 
-Layers (see docs/design.md):
+MindSpore's API is here, at the top level; the other frameworks' front-ends are one import each
+(:mod:`lossscale.torch`, :mod:`lossscale.paddle`, :mod:`lossscale.keras`). The layers (docs/design.md), each a
+sub-package that imports only itself and the layers below:
 
-- :mod:`lossscale.core.policy`: the pure update rule (the specification);
-- :mod:`lossscale.core.scaler`: ``LossScaler``, loss scaling itself, which everything below delegates to;
-- :mod:`lossscale.core.update_cells`: graph-mode update cells;
-- :mod:`lossscale.training.managers`: MindSpore-style managers that produce update cells;
-- :mod:`lossscale.core.overflow`: overflow detection per backend;
-- :mod:`lossscale.training.train_cell`: the one-graph training step (with :mod:`lossscale.training.accumulation`,
-  :mod:`lossscale.core.clipping`, :mod:`lossscale.training.bookkeeping`, :mod:`lossscale.training.running_statistics` and
-  :mod:`lossscale.training.checkpoints`);
-- :mod:`lossscale.training.integration`: ``build_train_network`` and ``Model``;
-- :mod:`lossscale.frontends.grad_scaler`, :mod:`lossscale.frontends.keras`: the Paddle/PyTorch and Keras
-  front-ends (with :mod:`lossscale.frontends.optimizer_states`); :mod:`lossscale.core.presets`: other libraries' rules;
-- :mod:`lossscale.training.monitor`: the ``LossScaleMonitor`` callback;
-- :mod:`lossscale.demo.diagnostics`, :mod:`lossscale.demo.plots`, :mod:`lossscale.demo.cli`: the command line.
+- :mod:`lossscale.core`: loss scaling itself (the rule, update cells, overflow checks, ``LossScaler``);
+- :mod:`lossscale.training`: managers, the one-graph train cell and its parts, ``Model``, checkpoints, monitor;
+- :mod:`lossscale.frontends`: PyTorch's and Paddle's ``GradScaler``, tf.keras' ``LossScaleOptimizer``;
+- :mod:`lossscale.demo`: the command line (``python -m lossscale``), which the library never imports.
 
 The public names are imported on first use (``lossscale.GradScaler`` imports MindSpore then), so
 ``python -m lossscale --help`` answers without loading MindSpore.
 """
+
 import importlib
 
 __version__ = "0.2.0"

@@ -1,4 +1,5 @@
 """``python -m lossscale``: see :mod:`lossscale.demo.cli`."""
+
 import sys
 
 from lossscale.demo.cli import main

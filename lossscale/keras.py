@@ -7,6 +7,7 @@ Example:
     >>> opt.dynamic, opt.initial_scale, opt.dynamic_growth_steps
     (True, 32768.0, 2000)
 """
+
 from lossscale.frontends.keras import LossScaleOptimizer
 
 __all__ = ["LossScaleOptimizer"]

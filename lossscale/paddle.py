@@ -6,6 +6,7 @@ Example:
     >>> scaler.get_init_loss_scaling(), scaler.get_decr_every_n_nan_or_inf()
     (32768.0, 2)
 """
+
 from lossscale.frontends.grad_scaler import PaddleGradScaler as GradScaler
 
 __all__ = ["GradScaler"]

@@ -6,6 +6,7 @@ Example:
     >>> scaler.get_scale(), scaler.get_growth_interval()
     (65536.0, 2000)
 """
+
 from lossscale.frontends.grad_scaler import TorchGradScaler as GradScaler
 
 __all__ = ["GradScaler"]

@@ -5,6 +5,7 @@ Example:
     >>> images.shape, labels.shape, int(labels.max())
     ((1797, 8, 8), (1797,), 9)
 """
+
 import gzip
 import os
 

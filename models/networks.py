@@ -10,6 +10,7 @@ Example:
     >>> net.input_layout, sum(p.size for p in net.trainable_params())
     ('flat', 85002)
 """
+
 import math
 
 from mindspore import Parameter, nn, ops
@@ -114,8 +115,7 @@ class SmallResNet(nn.Cell):
 
     def __init__(self, channels=16, blocks=2, num_classes=NUM_CLASSES):
         super().__init__()
-        self.stem = nn.SequentialCell([nn.Conv2d(1, channels, 3, pad_mode="same"), nn.BatchNorm2d(channels),
-                                       nn.ReLU()])
+        self.stem = nn.SequentialCell([nn.Conv2d(1, channels, 3, pad_mode="same"), nn.BatchNorm2d(channels), nn.ReLU()])
         self.blocks = nn.SequentialCell([_ResidualBlock(channels) for _ in range(blocks)])
         self.head = _dense(channels, num_classes)
 
@@ -208,4 +208,3 @@ def create_model(name, **kwargs):
     if name not in MODELS:
         raise ValueError(f"'model' must be one of {sorted(MODELS)}, but got {name!r}.")
     return MODELS[name](**kwargs)
-

@@ -10,6 +10,7 @@
   multiplies by a large factor and saturates in the forward pass. Every event is appended to
   :attr:`StatusRegister.log` in the order it ran.
 """
+
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -47,16 +48,19 @@ class StatusRegister:
         self.forward_factor = np.float32(forward_factor)
         self.clear_status = ops.Custom(self._clear, out_shape=_same, out_dtype=_same, func_type="pyfunc")
         self.get_status = ops.Custom(self._get, out_shape=_same, out_dtype=_same, func_type="pyfunc")
-        backward = ops.Custom(self._saturating_backward, out_shape=_first_of_three, out_dtype=_first_of_three,
-                              func_type="pyfunc")
+        backward = ops.Custom(
+            self._saturating_backward, out_shape=_first_of_three, out_dtype=_first_of_three, func_type="pyfunc"
+        )
 
         def bprop(x, out, dout):
             return (backward(x, out, dout),)
 
-        self.saturating_backward = ops.Custom(self._forward, out_shape=_same, out_dtype=_same, func_type="pyfunc",
-                                              bprop=bprop)
-        self.forward_saturation = ops.Custom(self._saturating_forward, out_shape=_same, out_dtype=_same,
-                                             func_type="pyfunc")
+        self.saturating_backward = ops.Custom(
+            self._forward, out_shape=_same, out_dtype=_same, func_type="pyfunc", bprop=bprop
+        )
+        self.forward_saturation = ops.Custom(
+            self._saturating_forward, out_shape=_same, out_dtype=_same, func_type="pyfunc"
+        )
 
     def _saturate(self, values, event):
         saturated = np.clip(values, -FP16_MAX, FP16_MAX).astype(np.float32)

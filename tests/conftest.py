@@ -1,4 +1,5 @@
 """Shared test setup: MindSpore graph mode on CPU, and a driver cell for update cells."""
+
 import os
 import sys
 

@@ -17,6 +17,7 @@ saves its running statistics instead of the weights (both ranks write theirs bac
 other waiting in its next all-reduce). It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
 and ``rank<R>_<run>.npy`` (the trainable weights, or statistics, after every step, stacked).
 """
+
 import json
 import os
 import sys
@@ -27,16 +28,30 @@ from mindspore import Tensor, nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
-from nets import (  # noqa: E402
-    BatchNormNet, LossPlusInput, regression_batches, regression_net, running_statistics_of)
+from nets import BatchNormNet, LossPlusInput, regression_batches, regression_net, running_statistics_of  # noqa: E402
 
-from lossscale import (DynamicLossScaleManager, GradScaler, LossScaleOptimizer,  # noqa: E402
-                       PersistentOverflowError, TrainOneStepWithLossScaleCell)
+from lossscale import (  # noqa: E402
+    DynamicLossScaleManager,
+    GradScaler,
+    LossScaleOptimizer,
+    PersistentOverflowError,
+    TrainOneStepWithLossScaleCell,
+)
 from lossscale.demo.msrun import init_data_parallel  # noqa: E402
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
-RUNS = ("inject", "clean", "loss", "loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras", "accumulate",
-        "batchnorm", "persistent")
+RUNS = (
+    "inject",
+    "clean",
+    "loss",
+    "loss_torch",
+    "loss_torch_eager",
+    "loss_keras",
+    "minimize_keras",
+    "accumulate",
+    "batchnorm",
+    "persistent",
+)
 
 
 def manager():
@@ -48,13 +63,14 @@ def train(rank, size, inject_steps, batch_norm=False, **options):
     statistics of a BatchNorm network), stacked. Rank 1's batch holds an inf at ``inject_steps``; ``options`` go to
     the train cell. A PersistentOverflowError ends the run (its step is the report's ``stopped_at``)."""
     net = nn.WithLossCell(BatchNormNet(6, 8, 3), nn.MSELoss()) if batch_norm else regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                                         manager().get_update_cell(), **options)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.Momentum(net.trainable_params(), 0.05, 0.9), manager().get_update_cell(), **options
+    )
     step.set_train()
     share = GLOBAL_BATCH // size
     flags, scales, weights, stopped_at = [], [], [], None
     for i, (x, y) in enumerate(regression_batches(STEPS, batch=GLOBAL_BATCH)):
-        x, y = x[rank * share:(rank + 1) * share].copy(), y[rank * share:(rank + 1) * share]
+        x, y = x[rank * share : (rank + 1) * share].copy(), y[rank * share : (rank + 1) * share]
         if i in inject_steps and rank == 1:
             x[0, 0] = np.inf
         try:
@@ -64,8 +80,11 @@ def train(rank, size, inject_steps, batch_norm=False, **options):
             break
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
-        weights.append(running_statistics_of(net) if batch_norm else
-                       np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()]))
+        weights.append(
+            running_statistics_of(net)
+            if batch_norm
+            else np.concatenate([p.asnumpy().ravel() for p in net.trainable_params()])
+        )
     report = {"flags": flags, "scales": scales, "counters": step.overflow_counters(), "stopped_at": stopped_at}
     return report, np.stack(weights)
 
@@ -100,12 +119,15 @@ def _front_end_step(front_end, net, size):
     ``front_end`` ending in ``_eager``: the step is called from Python instead (the front-end's own calls then
     run their compiled graphs, all-reduce included)."""
     eager = front_end.endswith("_eager")
-    front_end = front_end[:-len("_eager")] if eager else front_end
+    front_end = front_end[: -len("_eager")] if eager else front_end
     optimizer = nn.SGD(net.trainable_params(), 0.1)
     if front_end == "keras":
         optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0**10, dynamic_growth_steps=2)
-        scale_loss, unscale, scale = (optimizer.get_scaled_loss, optimizer.get_unscaled_gradients,
-                                      lambda: float(optimizer.loss_scale.asnumpy()))
+        scale_loss, unscale, scale = (
+            optimizer.get_scaled_loss,
+            optimizer.get_unscaled_gradients,
+            lambda: float(optimizer.loss_scale.asnumpy()),
+        )
     else:
         scaler = GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
         scale_loss, unscale, scale = scaler.scale, None, scaler.get_scale
@@ -136,8 +158,7 @@ def train_front_end_with_nonfinite_loss(rank, size, front_end):
 def train_minimize_with_nonfinite_loss(rank):
     """``loss`` with ``LossScaleOptimizer.minimize``, which computes (and must reduce) the gradients itself."""
     net = LossPlusInput()
-    optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=2.0**10,
-                                   dynamic_growth_steps=2)
+    optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=2.0**10, dynamic_growth_steps=2)
 
     def step(y, offset):
         def loss():
@@ -156,7 +177,7 @@ def main(out):
         if run == "loss":
             report[run], weights = train_with_nonfinite_loss(rank)
         elif run.startswith("loss_"):
-            report[run], weights = train_front_end_with_nonfinite_loss(rank, size, run[len("loss_"):])
+            report[run], weights = train_front_end_with_nonfinite_loss(rank, size, run[len("loss_") :])
         elif run == "minimize_keras":
             report[run], weights = train_minimize_with_nonfinite_loss(rank)
         elif run == "accumulate":
@@ -164,8 +185,9 @@ def main(out):
         elif run == "batchnorm":
             report[run], weights = train(rank, size, [INJECT_STEP], batch_norm=True)
         elif run == "persistent":
-            report[run], weights = train(rank, size, range(INJECT_STEP, STEPS), overflow_policy="raise",
-                                         max_consecutive_overflows=2)
+            report[run], weights = train(
+                rank, size, range(INJECT_STEP, STEPS), overflow_policy="raise", max_consecutive_overflows=2
+            )
         else:
             report[run], weights = train(rank, size, [INJECT_STEP] if run == "inject" else [])
         np.save(os.path.join(out, f"rank{rank}_{run}.npy"), weights)

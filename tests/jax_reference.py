@@ -17,6 +17,7 @@ Input: ``{"jmp": [case, ...], "keras_training": [run, ...], "keras_flags": [flag
 
 Output: per step the values named above, the loss scale and the counter after it (and the weight).
 """
+
 import json
 import os
 import sys
@@ -40,17 +41,27 @@ def _listed(array):
 
 
 def run_jmp(case):
-    loss_scale = jmp.DynamicLossScale(jnp.float32(case["init_scale"]), period=case["period"], factor=case["factor"],
-                                      min_loss_scale=jnp.float32(case["min_loss_scale"]))
+    loss_scale = jmp.DynamicLossScale(
+        jnp.float32(case["init_scale"]),
+        period=case["period"],
+        factor=case["factor"],
+        min_loss_scale=jnp.float32(case["min_loss_scale"]),
+    )
     history = []
     for step in case["steps"]:
         scaled_loss = loss_scale.scale(_array(step["loss"]))
         unscaled = loss_scale.unscale([_array(grad) for grad in step["grads"]])
         finite = jmp.all_finite(unscaled)
         loss_scale = loss_scale.adjust(finite)
-        history.append({"scaled_loss": _listed(scaled_loss), "unscaled": [_listed(grad) for grad in unscaled],
-                        "finite": bool(finite), "loss_scale": float(loss_scale.loss_scale),
-                        "counter": int(loss_scale.counter)})
+        history.append(
+            {
+                "scaled_loss": _listed(scaled_loss),
+                "unscaled": [_listed(grad) for grad in unscaled],
+                "finite": bool(finite),
+                "loss_scale": float(loss_scale.loss_scale),
+                "counter": int(loss_scale.counter),
+            }
+        )
     return history
 
 
@@ -64,7 +75,8 @@ def _keras_apply(optimizer, grads, variables):
     """``optimizer.apply(grads, variables)`` the way Keras 3 trains on JAX: ``stateless_apply``, then the new
     values assigned (the stateful ``apply`` of Keras' JAX backend leaks tracers outside ``jax.jit``)."""
     new_values, new_optimizer_values = optimizer.stateless_apply(
-        [v.value for v in optimizer.variables], grads, [v.value for v in variables])
+        [v.value for v in optimizer.variables], grads, [v.value for v in variables]
+    )
     for variable, value in zip([*variables, *optimizer.variables], [*new_values, *new_optimizer_values]):
         variable.assign(value)
 
@@ -100,12 +112,15 @@ def run_keras_flags(case):
 
 def main():
     cases = json.load(sys.stdin)
-    json.dump({"versions": {"jax": jax.__version__, "jmp": getattr(jmp, "__version__", "?"),
-                            "keras": keras.__version__},
-               "jmp": [run_jmp(case) for case in cases["jmp"]],
-               "keras_training": [run_keras_training(run) for run in cases["keras_training"]],
-               "keras_flags": [run_keras_flags(case) for case in cases["keras_flags"]]},
-              sys.stdout)
+    json.dump(
+        {
+            "versions": {"jax": jax.__version__, "jmp": getattr(jmp, "__version__", "?"), "keras": keras.__version__},
+            "jmp": [run_jmp(case) for case in cases["jmp"]],
+            "keras_training": [run_keras_training(run) for run in cases["keras_training"]],
+            "keras_flags": [run_keras_flags(case) for case in cases["keras_flags"]],
+        },
+        sys.stdout,
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Input: ``{"training": [run, ...], "constructions": {label: kwargs, ...}}``, wher
 Output: per run, after every iteration, the loss scale, ``dynamic_counter``, ``iterations`` and the
 weight (out x in); per construction, the exception's type and message (or None).
 """
+
 import json
 import os
 import sys
@@ -32,10 +33,14 @@ def train(run):
             scaled_loss = optimizer.get_scaled_loss(loss)
         (grad,) = optimizer.get_unscaled_gradients(tape.gradient(scaled_loss, [weight]))
         optimizer.apply_gradients([(grad, weight)])
-        history.append({"loss_scale": float(optimizer.loss_scale.numpy()),
-                        "dynamic_counter": int(optimizer.dynamic_counter.numpy()) if optimizer.dynamic else None,
-                        "iterations": int(optimizer.iterations.numpy()),
-                        "weight": weight.numpy().T.tolist()})
+        history.append(
+            {
+                "loss_scale": float(optimizer.loss_scale.numpy()),
+                "dynamic_counter": int(optimizer.dynamic_counter.numpy()) if optimizer.dynamic else None,
+                "iterations": int(optimizer.iterations.numpy()),
+                "weight": weight.numpy().T.tolist(),
+            }
+        )
     return history
 
 
@@ -52,16 +57,25 @@ def construct(kwargs):
         optimizer = LossScaleOptimizer(inner, **kwargs)
     except Exception as error:
         return {"type": type(error).__name__, "message": str(error)}
-    return {"type": None, "loss_scale": float(optimizer.loss_scale.numpy()), "dynamic": optimizer.dynamic,
-            "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None}
+    return {
+        "type": None,
+        "loss_scale": float(optimizer.loss_scale.numpy()),
+        "dynamic": optimizer.dynamic,
+        "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None,
+    }
 
 
 def main():
     cases = json.load(sys.stdin)
-    json.dump({"tensorflow": tf.__version__,
-               "training": [train(run) for run in cases["training"]],
-               "constructions": {label: construct(dict(kwargs)) for label, kwargs in cases["constructions"].items()}},
-              sys.stdout, allow_nan=True)
+    json.dump(
+        {
+            "tensorflow": tf.__version__,
+            "training": [train(run) for run in cases["training"]],
+            "constructions": {label: construct(dict(kwargs)) for label, kwargs in cases["constructions"].items()},
+        },
+        sys.stdout,
+        allow_nan=True,
+    )
 
 
 if __name__ == "__main__":

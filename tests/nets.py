@@ -1,4 +1,5 @@
 """Small networks, data and training drivers shared by the tests."""
+
 import json
 import os
 import subprocess
@@ -16,13 +17,23 @@ def regression_net(in_features=6, out_features=3, seed=0):
     """``WithLossCell(Dense -> ReLU -> Dense, MSE)`` with deterministic weights."""
     rng = np.random.RandomState(seed)
     hidden = 8
-    body = nn.SequentialCell([
-        nn.Dense(in_features, hidden, weight_init=Tensor(rng.randn(hidden, in_features).astype(np.float32) * 0.3),
-                 bias_init=Tensor(rng.randn(hidden).astype(np.float32) * 0.1)),
-        nn.ReLU(),
-        nn.Dense(hidden, out_features, weight_init=Tensor(rng.randn(out_features, hidden).astype(np.float32) * 0.3),
-                 bias_init=Tensor(rng.randn(out_features).astype(np.float32) * 0.1)),
-    ])
+    body = nn.SequentialCell(
+        [
+            nn.Dense(
+                in_features,
+                hidden,
+                weight_init=Tensor(rng.randn(hidden, in_features).astype(np.float32) * 0.3),
+                bias_init=Tensor(rng.randn(hidden).astype(np.float32) * 0.1),
+            ),
+            nn.ReLU(),
+            nn.Dense(
+                hidden,
+                out_features,
+                weight_init=Tensor(rng.randn(out_features, hidden).astype(np.float32) * 0.3),
+                bias_init=Tensor(rng.randn(out_features).astype(np.float32) * 0.1),
+            ),
+        ]
+    )
     return nn.WithLossCell(body, nn.MSELoss())
 
 
@@ -49,8 +60,10 @@ def running_statistics_of(net):
 
 def regression_batches(count, batch=4, in_features=6, out_features=3, seed=1):
     rng = np.random.RandomState(seed)
-    return [(rng.randn(batch, in_features).astype(np.float32), rng.randn(batch, out_features).astype(np.float32))
-            for _ in range(count)]
+    return [
+        (rng.randn(batch, in_features).astype(np.float32), rng.randn(batch, out_features).astype(np.float32))
+        for _ in range(count)
+    ]
 
 
 def with_inf(x):
@@ -85,8 +98,9 @@ def training_state(cell):
 def changed_since(before, cell, state=training_state):
     """The sorted names whose values in ``state(cell)`` differ from ``before`` (an earlier ``state(cell)``; NaN equals
     NaN): ``assert changed_since(before, net) == []`` after a step that must change nothing names what it changed."""
-    return sorted(name for name, value in state(cell).items()
-                  if not np.array_equal(before[name], value, equal_nan=True))
+    return sorted(
+        name for name, value in state(cell).items() if not np.array_equal(before[name], value, equal_nan=True)
+    )
 
 
 def group_optimizer(net, lr=0.05, weight_decay=0.01):
@@ -182,6 +196,7 @@ class Float64Regression(nn.Cell):
 
 # ---- the reference tests (tests/test_reference_*.py): one model and data in every framework ------------------
 
+
 def reference_batches(count, injected, seed=3):
     """``count`` batches ``(x (8, 4), y (8, 3))`` with an inf in ``x`` at the iterations in ``injected``."""
     rng = np.random.RandomState(seed)
@@ -269,6 +284,7 @@ def keras_step(loss_fn, optimizer, pairs=None):
     """The tf.keras recipe as one (uncompiled) step ``step(x, y) -> skipped``: ``get_scaled_loss(loss_fn(x, y))``,
     differentiated, ``get_unscaled_gradients``, ``apply_gradients`` of the LossScaleOptimizer ``optimizer`` (of
     ``pairs(grads)``, Keras' ``(gradient, variable)`` pairs, if ``pairs`` is given)."""
+
     def forward(x, y):
         return optimizer.get_scaled_loss(loss_fn(x, y))
 
@@ -297,23 +313,31 @@ class LossScaleOptimizerRun(ReferenceRun):
 
     def observed(self):
         opt = self.optimizer
-        return {"loss_scale": float(opt.loss_scale.asnumpy()), "dynamic_counter": opt.dynamic_counter,
-                "iterations": int(opt.iterations.asnumpy().reshape(-1)[0])}
+        return {
+            "loss_scale": float(opt.loss_scale.asnumpy()),
+            "dynamic_counter": opt.dynamic_counter,
+            "iterations": int(opt.iterations.asnumpy().reshape(-1)[0]),
+        }
 
 
 def training_case(kwargs, batches, lr):
     """A training run of the reference model as JSON for a reference script: the weight (out x in), the
     learning rate, the scaler's ``kwargs`` and the ``batches``."""
-    return {"weight": reference_weight().tolist(), "lr": lr, "kwargs": kwargs,
-            "batches": [[x.tolist(), y.tolist()] for x, y in batches]}
+    return {
+        "weight": reference_weight().tolist(),
+        "lr": lr,
+        "kwargs": kwargs,
+        "batches": [[x.tolist(), y.tolist()] for x, y in batches],
+    }
 
 
 def run_reference_script(python, script, cases):
     """Run ``tests/<script>`` under the interpreter ``python`` (a framework that cannot share this process) with
     ``cases`` as JSON on stdin; return its JSON output."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-    done = subprocess.run([python, path], input=json.dumps(cases), capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [python, path], input=json.dumps(cases), capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -6,6 +6,7 @@ write, per configuration, ``<name>.ckpt`` (the train cell saved after ``SPLIT`` 
 counters, and every Parameter at the end). ``tests/test_compatibility.py`` loads each checkpoint into a
 train cell built by the current code and checks it continues exactly as 0.1.0 did.
 """
+
 import os
 import sys
 
@@ -26,27 +27,32 @@ STEPS, SPLIT = 14, 7
 def _dynamic_hysteresis_clip():
     net = regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=3, hysteresis=2)
-    return TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), 0.01), manager.get_update_cell(),
-                                         clip_global_norm=5.0)
+    return TrainOneStepWithLossScaleCell(
+        net, nn.Adam(net.trainable_params(), 0.01), manager.get_update_cell(), clip_global_norm=5.0
+    )
 
 
 def _accumulation_debug():
     net = regression_net(seed=1)
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
-    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                                         manager.get_update_cell(), accumulation_steps=2, debug_overflow=True)
+    return TrainOneStepWithLossScaleCell(
+        net,
+        nn.Momentum(net.trainable_params(), 0.05, 0.9),
+        manager.get_update_cell(),
+        accumulation_steps=2,
+        debug_overflow=True,
+    )
 
 
 def _fixed_tensor_scale():
     net = regression_net(seed=2)
-    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
-                                         Tensor(1024.0, mstype.float32))
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05), Tensor(1024.0, mstype.float32))
 
 
 # name -> (builder, calls whose first input gets an inf)
 CONFIGS = {
     "dynamic_hysteresis_clip": (_dynamic_hysteresis_clip, {2, 3, 8, 11}),
-    "accumulation_debug": (_accumulation_debug, {1, 8, 9}),   # SPLIT=7 falls inside a window
+    "accumulation_debug": (_accumulation_debug, {1, 8, 9}),  # SPLIT=7 falls inside a window
     "fixed_tensor_scale": (_fixed_tensor_scale, {4, 10}),
 }
 
@@ -67,8 +73,14 @@ def write(out):
         losses, flags, scales = run_calls(step, injected, SPLIT, STEPS)
         counters = step.overflow_counters()
         params = {f"param:{k}": v for k, v in snapshot(step).items()}
-        np.savez(os.path.join(out, f"{name}.npz"), losses=np.array(losses), flags=np.array(flags),
-                 scales=np.array(scales), counters=np.array([counters[k] for k in sorted(counters)]), **params)
+        np.savez(
+            os.path.join(out, f"{name}.npz"),
+            losses=np.array(losses),
+            flags=np.array(flags),
+            scales=np.array(scales),
+            counters=np.array([counters[k] for k in sorted(counters)]),
+            **params,
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ MODE ``full`` trains steps [0, STEPS); ``first`` trains [0, SPLIT) and saves a c
 Each mode writes ``<MODE>.json`` (per-step overflow flags and scales, counters) and
 ``<MODE>.npz`` (every Parameter at the end).
 """
+
 import json
 import os
 import sys
@@ -29,8 +30,9 @@ def build():
     ms.set_seed(0)
     net = regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=3, hysteresis=2)
-    return TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), 0.01), manager.get_update_cell(),
-                                         clip_global_norm=5.0)
+    return TrainOneStepWithLossScaleCell(
+        net, nn.Adam(net.trainable_params(), 0.01), manager.get_update_cell(), clip_global_norm=5.0
+    )
 
 
 def train(step, first, last):

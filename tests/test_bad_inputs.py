@@ -6,6 +6,7 @@ crossed with every argument of that kind: types (None, str, bool, list), nan, +-
 float32-huge, fractional counts, out-of-range counts. ``load_state_dict`` inputs are swept the same way.
 Nothing that would train wrongly later is accepted.
 """
+
 import dataclasses
 import fractions
 import json
@@ -16,15 +17,31 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
-
-from lossscale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
-                       FixedLossScaleUpdateCell, GradScaler, LossScaleMonitor, LossScaleOptimizer, LossScalePolicy,
-                       LossScaler, TorchGradScaler, TrainOneStepWithLossScaleCell, build_train_network, get_preset)
-from lossscale.core import overflow
-from lossscale.frontends.optimizer_states import OptimizerStates
-from lossscale.core.policy import LossScaleState
-from lossscale.core.scaler import check_optimizer_loss_scale, refuse_non_gradients, warn_if_scaled_outside_differentiation
 from nets import regression_net
+
+from lossscale import (
+    DynamicLossScaleManager,
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
+    GradScaler,
+    LossScaleMonitor,
+    LossScaleOptimizer,
+    LossScalePolicy,
+    LossScaler,
+    TorchGradScaler,
+    TrainOneStepWithLossScaleCell,
+    build_train_network,
+    get_preset,
+)
+from lossscale.core import overflow
+from lossscale.core.policy import LossScaleState
+from lossscale.core.scaler import (
+    check_optimizer_loss_scale,
+    refuse_non_gradients,
+    warn_if_scaled_outside_differentiation,
+)
+from lossscale.frontends.optimizer_states import OptimizerStates
 
 NAN, INF = float("nan"), float("inf")
 WRONG_TYPES = [None, "1", True, [1.0]]
@@ -77,11 +94,17 @@ def _assert_outside_stated_range(message, value):
 
 # ---- managers, update cells, policies ----------------------------------------------------------------
 
-DYNAMIC_MANAGER = {"init_loss_scale": BAD_SCALES, "scale_factor": BAD_GROWTH, "scale_window": BAD_COUNTS,
-                   "backoff_factor": [v for v in BAD_BACKOFF if v is not None], "hysteresis": BAD_COUNTS,
-                   "consecutive_hysteresis": BAD_FLAGS, "refill_hysteresis_on_backoff": BAD_FLAGS,
-                   "min_loss_scale": WRONG_TYPES + [NAN, INF, -1.0], "max_loss_scale": [v for v in BAD_SCALES
-                                                                                         if v is not None]}
+DYNAMIC_MANAGER = {
+    "init_loss_scale": BAD_SCALES,
+    "scale_factor": BAD_GROWTH,
+    "scale_window": BAD_COUNTS,
+    "backoff_factor": [v for v in BAD_BACKOFF if v is not None],
+    "hysteresis": BAD_COUNTS,
+    "consecutive_hysteresis": BAD_FLAGS,
+    "refill_hysteresis_on_backoff": BAD_FLAGS,
+    "min_loss_scale": WRONG_TYPES + [NAN, INF, -1.0],
+    "max_loss_scale": [v for v in BAD_SCALES if v is not None],
+}
 
 
 @pytest.mark.parametrize("name, value", _sweep(DYNAMIC_MANAGER), ids=_ids(_sweep(DYNAMIC_MANAGER)))
@@ -126,10 +149,15 @@ def test_manager_update_loss_scale_takes_a_bool_flag(manager, overflow):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("make", [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10),
-                                  lambda: FixedLossScaleUpdateCell(8.0)], ids=["dynamic", "fixed"])
-@pytest.mark.parametrize("overflow", [True, Tensor(np.float32(1.0)), Tensor(np.int32(0)),
-                                      Tensor(np.array([True, False]))], ids=repr)
+@pytest.mark.parametrize(
+    "make",
+    [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10), lambda: FixedLossScaleUpdateCell(8.0)],
+    ids=["dynamic", "fixed"],
+)
+@pytest.mark.parametrize(
+    "overflow", [True, Tensor(np.float32(1.0)), Tensor(np.int32(0)), Tensor(np.array([True, False]))], ids=repr
+)
+@pytest.mark.slow
 def test_update_cell_call_takes_one_bool_tensor(overflow, make, compiled):
     """cell(loss_scale, overflow): a Python bool, a float or int flag were MindSpore's "Failed calling Select" or
     "Select CPU operator ... Unsupported data type", a flag of two values an Assign's rank error; each is a TypeError
@@ -146,10 +174,13 @@ def test_update_cell_call_takes_one_bool_tensor(overflow, make, compiled):
     assert scale.asnumpy() == (4.0 if isinstance(cell, DynamicLossScaleUpdateCell) else 8.0)
 
 
-UPDATE_CELL_HELPERS = {"bind_scale_parameter": [None, 3, np.float32(2.0), Parameter(np.ones(2, np.float32), "two")],
-                       "bind_micro_step": [None, 3, Parameter(np.zeros(3, np.int32), "three")],
-                       "rename_parameters": ["", "a b", 3, None], "rule_value": ["bogus", 3, "init_scale"],
-                       "set_state": [None, {"loss_scale": 8.0}, (8.0, 0, 1)]}
+UPDATE_CELL_HELPERS = {
+    "bind_scale_parameter": [None, 3, np.float32(2.0), Parameter(np.ones(2, np.float32), "two")],
+    "bind_micro_step": [None, 3, Parameter(np.zeros(3, np.int32), "three")],
+    "rename_parameters": ["", "a b", 3, None],
+    "rule_value": ["bogus", 3, "init_scale"],
+    "set_state": [None, {"loss_scale": 8.0}, (8.0, 0, 1)],
+}
 
 
 @pytest.mark.parametrize("method, value", _sweep(UPDATE_CELL_HELPERS), ids=_ids(_sweep(UPDATE_CELL_HELPERS)))
@@ -166,10 +197,15 @@ def test_update_cell_helpers_refuse_what_breaks_them_later(method, value):
     assert not cell.window_open()
 
 
-POLICY = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_factor": [v for v in BAD_BACKOFF
-                                                                                    if v is not None],
-          "growth_interval": BAD_COUNTS, "hysteresis": BAD_COUNTS, "min_scale": WRONG_TYPES + [NAN, -1.0],
-          "consecutive_hysteresis": BAD_FLAGS}
+POLICY = {
+    "init_scale": BAD_SCALES,
+    "growth_factor": BAD_GROWTH,
+    "backoff_factor": [v for v in BAD_BACKOFF if v is not None],
+    "growth_interval": BAD_COUNTS,
+    "hysteresis": BAD_COUNTS,
+    "min_scale": WRONG_TYPES + [NAN, -1.0],
+    "consecutive_hysteresis": BAD_FLAGS,
+}
 
 
 @pytest.mark.parametrize("name, value", _sweep(POLICY), ids=_ids(_sweep(POLICY)))
@@ -184,6 +220,7 @@ def test_unknown_presets(name):
 
 
 # ---- bfloat16 Parameters on CPU ------------------------------------------------------------------------
+
 
 def _bfloat16_regression():
     net = regression_net()
@@ -215,8 +252,11 @@ def test_bfloat16_parameters_are_refused_on_cpu_naming_the_device_and_dtype(call
     net = _bfloat16_regression()
     optimizer = nn.Optimizer(0.1, net.trainable_params())
     before = [parameter.asnumpy().copy() for parameter in net.trainable_params()]
-    with pytest.raises(TypeError, match=r"updates bfloat16 Parameters \(4 of 4\), which cannot be trained on "
-                                        r"device_target 'CPU'"):
+    with pytest.raises(
+        TypeError,
+        match=r"updates bfloat16 Parameters \(4 of 4\), which cannot be trained on "
+        r"device_target 'CPU'",
+    ):
         call(net, optimizer)
     for parameter, value in zip(net.trainable_params(), before):
         np.testing.assert_array_equal(parameter.asnumpy(), value)
@@ -224,21 +264,39 @@ def test_bfloat16_parameters_are_refused_on_cpu_naming_the_device_and_dtype(call
 
 # ---- the train cell ----------------------------------------------------------------------------------
 
+
 def _cell(**kwargs):
     net = regression_net()
     arguments = dict(network=net, optimizer=nn.SGD(net.trainable_params(), 0.1), scale_sense=Tensor(np.float32(8.0)))
     arguments.update(kwargs)
-    return TrainOneStepWithLossScaleCell(arguments.pop("network"), arguments.pop("optimizer"),
-                                         arguments.pop("scale_sense"), **arguments)
+    return TrainOneStepWithLossScaleCell(
+        arguments.pop("network"), arguments.pop("optimizer"), arguments.pop("scale_sense"), **arguments
+    )
 
 
-CELL = {"network": [None, "net", nn.SGD], "optimizer": [None, "sgd", nn.Dense(2, 1)],
-        "scale_sense": [None, 8.0, "8", Tensor(np.float32(np.inf)), Tensor(np.float32(0.0)), Tensor(np.float32(-2.0)),
-                        Tensor(np.float32(1e-45)), Tensor(True), Tensor(np.ones(2, np.float32))],
-        "drop_overflow_update": BAD_FLAGS, "overflow_check": BAD_CHOICE[1:],
-        "clip_global_norm": ["1", True, [1.0], NAN, INF, 0.0, -1.0],
-        "accumulation_steps": BAD_COUNTS[1:], "overflow_policy": BAD_CHOICE,
-        "debug_overflow": BAD_FLAGS, "extra_outputs": BAD_FLAGS, "lr_per_micro_batch": BAD_FLAGS}
+CELL = {
+    "network": [None, "net", nn.SGD],
+    "optimizer": [None, "sgd", nn.Dense(2, 1)],
+    "scale_sense": [
+        None,
+        8.0,
+        "8",
+        Tensor(np.float32(np.inf)),
+        Tensor(np.float32(0.0)),
+        Tensor(np.float32(-2.0)),
+        Tensor(np.float32(1e-45)),
+        Tensor(True),
+        Tensor(np.ones(2, np.float32)),
+    ],
+    "drop_overflow_update": BAD_FLAGS,
+    "overflow_check": BAD_CHOICE[1:],
+    "clip_global_norm": ["1", True, [1.0], NAN, INF, 0.0, -1.0],
+    "accumulation_steps": BAD_COUNTS[1:],
+    "overflow_policy": BAD_CHOICE,
+    "debug_overflow": BAD_FLAGS,
+    "extra_outputs": BAD_FLAGS,
+    "lr_per_micro_batch": BAD_FLAGS,
+}
 
 
 @pytest.mark.parametrize("name, value", _sweep(CELL), ids=_ids(_sweep(CELL)))
@@ -246,11 +304,15 @@ def test_train_cell(name, value):
     _refused(lambda: _cell(**{name: value}), name, value, shown=not isinstance(value, (Tensor, nn.Cell, type)))
 
 
-@pytest.mark.parametrize("given, advice", [
-    (DynamicLossScaleManager(), r"Give the manager's update cell: manager.get_update_cell\(\)"),
-    (1024.0, r"For a fixed scale give FixedLossScaleUpdateCell\(1024.0\) or Tensor\(1024.0, mindspore.float32\)"),
-    (get_preset("pytorch"), r"For a rule give DynamicLossScaleUpdateCell.from_policy\(policy\)"),
-], ids=["manager", "number", "rule"])
+@pytest.mark.parametrize(
+    "given, advice",
+    [
+        (DynamicLossScaleManager(), r"Give the manager's update cell: manager.get_update_cell\(\)"),
+        (1024.0, r"For a fixed scale give FixedLossScaleUpdateCell\(1024.0\) or Tensor\(1024.0, mindspore.float32\)"),
+        (get_preset("pytorch"), r"For a rule give DynamicLossScaleUpdateCell.from_policy\(policy\)"),
+    ],
+    ids=["manager", "number", "rule"],
+)
 def test_a_scale_sense_of_another_kind_is_refused_saying_what_to_give(given, advice):
     with pytest.raises(TypeError, match=r"'scale_sense' must be an update Cell or a Tensor, but got \w+\. " + advice):
         _cell(scale_sense=given)
@@ -270,25 +332,45 @@ def test_an_update_cell_given_as_loss_scale_manager_is_refused_saying_what_to_gi
 
 @pytest.mark.parametrize("value", ["3", True, 1.5, 0, -1], ids=repr)
 def test_train_cell_max_consecutive_overflows(value):
-    _refused(lambda: _cell(overflow_policy="raise", max_consecutive_overflows=value), "max_consecutive_overflows",
-             value)
+    _refused(
+        lambda: _cell(overflow_policy="raise", max_consecutive_overflows=value), "max_consecutive_overflows", value
+    )
 
 
-@pytest.mark.parametrize("value", [8.0, Tensor(np.float32(np.nan)), Tensor(np.float32(0.0)), Tensor(np.float32(-1.0)),
-                                   Tensor(np.float32(1e-45)), Tensor(np.ones(2, np.float32)), Tensor(True)],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [
+        8.0,
+        Tensor(np.float32(np.nan)),
+        Tensor(np.float32(0.0)),
+        Tensor(np.float32(-1.0)),
+        Tensor(np.float32(1e-45)),
+        Tensor(np.ones(2, np.float32)),
+        Tensor(True),
+    ],
+    ids=repr,
+)
 def test_set_sense_scale(value):
     _refused(lambda: _cell().set_sense_scale(value), "sens", value, shown=False)
 
 
 # ---- build_train_network and Model -------------------------------------------------------------------
 
-BUILD = {"level": [None, "O4", 2, "o2"], "boost_level": [None, "O3", 1],
-         "cast_model_type": ["float16", None, np.float16, 16, ms.bfloat16], "keep_batchnorm_fp32": BAD_FLAGS,
-         "loss_scale_manager": ["dynamic", 1024, DynamicLossScaleUpdateCell(2.0, 2, 2)],
-         "clip_global_norm": [0.0, "1"], "accumulation_steps": [0, 1.5], "overflow_policy": ["explode", None],
-         "max_consecutive_overflows": [0, 2.0], "debug_overflow": ["yes"], "overflow_check": ["tpu"],
-         "extra_outputs": [1], "lr_per_micro_batch": ["no"]}
+BUILD = {
+    "level": [None, "O4", 2, "o2"],
+    "boost_level": [None, "O3", 1],
+    "cast_model_type": ["float16", None, np.float16, 16, ms.bfloat16],
+    "keep_batchnorm_fp32": BAD_FLAGS,
+    "loss_scale_manager": ["dynamic", 1024, DynamicLossScaleUpdateCell(2.0, 2, 2)],
+    "clip_global_norm": [0.0, "1"],
+    "accumulation_steps": [0, 1.5],
+    "overflow_policy": ["explode", None],
+    "max_consecutive_overflows": [0, 2.0],
+    "debug_overflow": ["yes"],
+    "overflow_check": ["tpu"],
+    "extra_outputs": [1],
+    "lr_per_micro_batch": ["no"],
+}
 BUILD_COMPANIONS = {"max_consecutive_overflows": {"overflow_policy": "raise"}}  # the limit exists only with "raise"
 
 
@@ -318,9 +400,24 @@ def test_build_train_network_without_a_network_or_optimizer():
 
 # ---- the core and the front-ends -------------------------------------------------------------------------
 
-CORE = {"rule": [None, "1024", True, NAN, 0.0, -1.0, 1e-45, Tensor(np.ones(2, np.float32)),
-                 Tensor(np.ones((1, 1), np.float32)), nn.Dense(2, 1)],
-        "name": ["", "a b", 3], "overflow_check": BAD_CHOICE[1:], "mutable_rule": BAD_FLAGS, "frozen": BAD_FLAGS}
+CORE = {
+    "rule": [
+        None,
+        "1024",
+        True,
+        NAN,
+        0.0,
+        -1.0,
+        1e-45,
+        Tensor(np.ones(2, np.float32)),
+        Tensor(np.ones((1, 1), np.float32)),
+        nn.Dense(2, 1),
+    ],
+    "name": ["", "a b", 3],
+    "overflow_check": BAD_CHOICE[1:],
+    "mutable_rule": BAD_FLAGS,
+    "frozen": BAD_FLAGS,
+}
 
 
 @pytest.mark.parametrize("name, value", _sweep(CORE), ids=_ids(_sweep(CORE)))
@@ -338,8 +435,12 @@ def test_loss_scaler(name, value):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("overflow", [Tensor(np.float32(1.0)), Tensor(np.int32(1)), Tensor(np.array([True, False])) * 1.0,
-                                      "yes", 1], ids=repr)
+@pytest.mark.parametrize(
+    "overflow",
+    [Tensor(np.float32(1.0)), Tensor(np.int32(1)), Tensor(np.array([True, False])) * 1.0, "yes", 1],
+    ids=repr,
+)
+@pytest.mark.slow
 def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
     """adjust(overflow) wants the decision (a bool Tensor: core.is_overflow(flag)) or a bool; a float flag given
     straight (which would skip the ranks' agreement) was MindSpore's "Select CPU operator ... Unsupported data
@@ -359,10 +460,16 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("call, got", [("positional", "1 positional argument"),
-                                       ("positional_and_keyword", "1 positional argument"),
-                                       ("missing", "no decision"), ("None", "no decision")],
-                         ids=["positional", "positional_and_keyword", "missing", "None"])
+@pytest.mark.parametrize(
+    "call, got",
+    [
+        ("positional", "1 positional argument"),
+        ("positional_and_keyword", "1 positional argument"),
+        ("missing", "no decision"),
+        ("None", "no decision"),
+    ],
+    ids=["positional", "positional_and_keyword", "missing", "None"],
+)
 def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, got, compiled):
     """jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) take the opposite polarity of the core's
     adjust(overflow): the habit core.adjust(ms.amp.all_finite(grads)) backed the scale off on every clean step and
@@ -388,9 +495,10 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, got, compil
 
 
 BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)
-CORE_SETTINGS = {"set_scale": BAD_SCALES + [32.0, 1.0, Tensor(np.array([4.0, 8.0], np.float32))],
-                 "set_rule": [("policy", "pytorch"), ("policy", 2.0**16), ("dynamic", "no"), ("dynamic", 1),
-                              ("dynamic", None)]}
+CORE_SETTINGS = {
+    "set_scale": BAD_SCALES + [32.0, 1.0, Tensor(np.array([4.0, 8.0], np.float32))],
+    "set_rule": [("policy", "pytorch"), ("policy", 2.0**16), ("dynamic", "no"), ("dynamic", 1), ("dynamic", None)],
+}
 
 
 @pytest.mark.parametrize("method, value", _sweep(CORE_SETTINGS), ids=_ids(_sweep(CORE_SETTINGS)))
@@ -404,8 +512,9 @@ def test_loss_scaler_settings_are_checked_and_change_nothing(method, value):
         _refused(lambda: core.set_scale(value), "scale", value)
     else:
         argument, bad = value
-        call = {"policy": lambda: core.set_rule(policy=bad),
-                "dynamic": lambda: core.update_cell.set_dynamic(bad)}[argument]
+        call = {"policy": lambda: core.set_rule(policy=bad), "dynamic": lambda: core.update_cell.set_dynamic(bad)}[
+            argument
+        ]
         _refused(call, argument, bad)
         if argument == "dynamic" and bad is not None:
             _refused(lambda: core.set_rule(dynamic=bad), argument, bad)
@@ -419,8 +528,11 @@ def test_loss_scaler_scale_set_within_the_rule_loads_back():
         core.set_scale(value)
         other = LossScaler(BOUNDED_RULE, name="settings_round_trip_other")
         other.load_state_dict(core.state_dict())
-        assert other.state_dict() == core.state_dict() == {"loss_scale": float(value), "good_steps": 0,
-                                                          "hysteresis_left": 1}
+        assert (
+            other.state_dict()
+            == core.state_dict()
+            == {"loss_scale": float(value), "good_steps": 0, "hysteresis_left": 1}
+        )
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -518,39 +630,68 @@ def test_loss_scaler_of_a_number_saves_and_loads_its_scale(frozen):
 _GRADIENT = Tensor(np.ones(2, np.float32))
 
 
-@pytest.mark.parametrize("grads, error, pattern", [
-    ((), ValueError, "'grads' holds no gradients"),
-    ([], ValueError, "'grads' holds no gradients"),
-    (_GRADIENT, TypeError, "'grads' must be a tuple or list of gradients.*but got a single Tensor"),
-    (nn.Dense(1, 1), TypeError, r"'grads' must be a tuple or list of gradients.*but got a Cell \(an optimizer\?\)"),
-    ({"w": _GRADIENT}, TypeError, r"'grads' must be a tuple or list of gradients, one per parameter of the optimizer "
-                                  r"\(what mindspore.value_and_grad returns for them\)\.$"),
-    ((np.ones(2, np.float32),), TypeError, r"'grads\[0\]' must be a gradient Tensor, but got ndarray"),
-    ((_GRADIENT, np.float32(1.0)), TypeError, r"'grads\[1\]' must be a gradient Tensor"),
-    ((_GRADIENT, 1.0), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got float"),
-    # Nested one level too deep, in each container and at the length of a RowTensor's tuple:
-    ((_GRADIENT, (_GRADIENT,) * 3), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple: give"),
-    ([_GRADIENT, [_GRADIENT] * 3], TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a list: give"),
-    ((_GRADIENT, (_GRADIENT, _GRADIENT, (2,))), TypeError, r"'grads\[1\]' is a sparse gradient \(RowTensor"),
-    ((_GRADIENT, [_GRADIENT, _GRADIENT, (2,)]), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a list"),
-    ((_GRADIENT, (_GRADIENT, 1, (2,))), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple"),
-], ids=["empty", "empty_list", "tensor", "cell", "dict", "ndarray", "numpy_scalar", "float", "nested_tuple_of_3",
-        "nested_list_of_3", "row_tensor_tuple", "row_tensor_as_list", "row_tensor_tuple_without_values"])
+@pytest.mark.parametrize(
+    "grads, error, pattern",
+    [
+        ((), ValueError, "'grads' holds no gradients"),
+        ([], ValueError, "'grads' holds no gradients"),
+        (_GRADIENT, TypeError, "'grads' must be a tuple or list of gradients.*but got a single Tensor"),
+        (nn.Dense(1, 1), TypeError, r"'grads' must be a tuple or list of gradients.*but got a Cell \(an optimizer\?\)"),
+        (
+            {"w": _GRADIENT},
+            TypeError,
+            r"'grads' must be a tuple or list of gradients, one per parameter of the optimizer "
+            r"\(what mindspore.value_and_grad returns for them\)\.$",
+        ),
+        ((np.ones(2, np.float32),), TypeError, r"'grads\[0\]' must be a gradient Tensor, but got ndarray"),
+        ((_GRADIENT, np.float32(1.0)), TypeError, r"'grads\[1\]' must be a gradient Tensor"),
+        ((_GRADIENT, 1.0), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got float"),
+        # Nested one level too deep, in each container and at the length of a RowTensor's tuple:
+        ((_GRADIENT, (_GRADIENT,) * 3), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple: give"),
+        ([_GRADIENT, [_GRADIENT] * 3], TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a list: give"),
+        ((_GRADIENT, (_GRADIENT, _GRADIENT, (2,))), TypeError, r"'grads\[1\]' is a sparse gradient \(RowTensor"),
+        (
+            (_GRADIENT, [_GRADIENT, _GRADIENT, (2,)]),
+            TypeError,
+            r"'grads\[1\]' must be a gradient Tensor, but got a list",
+        ),
+        ((_GRADIENT, (_GRADIENT, 1, (2,))), TypeError, r"'grads\[1\]' must be a gradient Tensor, but got a tuple"),
+    ],
+    ids=[
+        "empty",
+        "empty_list",
+        "tensor",
+        "cell",
+        "dict",
+        "ndarray",
+        "numpy_scalar",
+        "float",
+        "nested_tuple_of_3",
+        "nested_list_of_3",
+        "row_tensor_tuple",
+        "row_tensor_as_list",
+        "row_tensor_tuple_without_values",
+    ],
+)
 def test_what_is_given_where_the_gradients_go(grads, error, pattern):
     """Each kind of wrong argument gets its own message, naming the argument (and the entry)."""
     with pytest.raises(error, match=pattern):
         refuse_non_gradients(grads, "grads")
 
 
-@pytest.mark.parametrize("optimizer_scale, fixed_scale, expected", [
-    (1.0, None, False),  # the optimizer does not divide: lossscale unscales
-    (1.0, 8.0, False),
-    (8.0, 8.0, True),  # MindSpore's FixedLossScaleManager(8, drop_overflow_update=False) recipe
-    (8.0, np.float32(8.0), True),
-    (8.0, None, "'optimizer.loss_scale' is 8.0 but the loss scale is dynamic"),
-    (8.0, 4.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 4.0"),
-    (8.0, 1.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 1.0"),
-], ids=["plain_dynamic", "plain_fixed", "same_fixed", "same_fixed_float32", "dynamic", "other_fixed", "fixed_one"])
+@pytest.mark.parametrize(
+    "optimizer_scale, fixed_scale, expected",
+    [
+        (1.0, None, False),  # the optimizer does not divide: lossscale unscales
+        (1.0, 8.0, False),
+        (8.0, 8.0, True),  # MindSpore's FixedLossScaleManager(8, drop_overflow_update=False) recipe
+        (8.0, np.float32(8.0), True),
+        (8.0, None, "'optimizer.loss_scale' is 8.0 but the loss scale is dynamic"),
+        (8.0, 4.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 4.0"),
+        (8.0, 1.0, "'optimizer.loss_scale' is 8.0 but the loss scale is 1.0"),
+    ],
+    ids=["plain_dynamic", "plain_fixed", "same_fixed", "same_fixed_float32", "dynamic", "other_fixed", "fixed_one"],
+)
 def test_an_optimizer_that_divides_by_its_own_loss_scale(optimizer_scale, fixed_scale, expected):
     """Accepted only where it divides by exactly the fixed scale applied every step (True: the optimizer unscales);
     anywhere else the gradients would be unscaled twice or by the wrong factor: a ValueError naming both."""
@@ -562,8 +703,11 @@ def test_an_optimizer_that_divides_by_its_own_loss_scale(optimizer_scale, fixed_
             check_optimizer_loss_scale(optimizer, fixed_scale)
 
 
-@pytest.mark.parametrize("grads", [(_GRADIENT,), [_GRADIENT, None], (_GRADIENT, _GRADIENT, _GRADIENT)],
-                         ids=["one", "list_with_none", "three"])
+@pytest.mark.parametrize(
+    "grads",
+    [(_GRADIENT,), [_GRADIENT, None], (_GRADIENT, _GRADIENT, _GRADIENT)],
+    ids=["one", "list_with_none", "three"],
+)
 def test_gradients_where_the_gradients_go_pass(grads):
     assert refuse_non_gradients(grads, "grads") is True
 
@@ -574,8 +718,12 @@ def test_the_scaling_warning_needs_a_parameter_anchor(anchor):
     _refused(lambda: warn_if_scaled_outside_differentiation(anchor), "anchor", anchor, shown=False)
 
 
-CHECK_PRIMITIVES = [("FloatStatusCheck", "float_status"), ("AllFiniteCheck", "all_finite"),
-                    ("AscendSaturationCheck", "clear_status"), ("AscendSaturationCheck", "get_status")]
+CHECK_PRIMITIVES = [
+    ("FloatStatusCheck", "float_status"),
+    ("AllFiniteCheck", "all_finite"),
+    ("AscendSaturationCheck", "clear_status"),
+    ("AscendSaturationCheck", "get_status"),
+]
 
 
 @pytest.mark.parametrize("check, argument", CHECK_PRIMITIVES, ids=[f"{c}-{a}" for c, a in CHECK_PRIMITIVES])
@@ -588,8 +736,9 @@ def test_backend_checks_take_callable_primitives(check, argument, value):
 @pytest.mark.parametrize("value", ["yes", 1, None], ids=repr)
 def test_choose_overflow_check_takes_a_bool_saturation_flag(value):
     """A truthy 'yes' chose the saturation check."""
-    _refused(lambda: overflow.choose_overflow_check("Ascend", ascend_saturation_only=value), "ascend_saturation_only",
-             value)
+    _refused(
+        lambda: overflow.choose_overflow_check("Ascend", ascend_saturation_only=value), "ascend_saturation_only", value
+    )
 
 
 OPTIMIZER_STATES = {"name": ["", "a b", 3, None], "capacity": BAD_COUNTS}
@@ -601,21 +750,37 @@ def test_optimizer_states(name, value):
     _refused(lambda: OptimizerStates(**arguments), name, value, shown=name == "capacity")
 
 
-GRAD_SCALER = {"enable": BAD_FLAGS, "init_loss_scaling": BAD_SCALES, "incr_ratio": BAD_GROWTH,
-               "decr_ratio": BAD_BACKOFF, "incr_every_n_steps": BAD_COUNTS, "decr_every_n_nan_or_inf": BAD_COUNTS,
-               "use_dynamic_loss_scaling": BAD_FLAGS}
-TORCH_SCALER = {"init_scale": BAD_SCALES, "growth_factor": BAD_GROWTH, "backoff_factor": BAD_BACKOFF,
-                "growth_interval": BAD_COUNTS, "enabled": BAD_FLAGS}
+GRAD_SCALER = {
+    "enable": BAD_FLAGS,
+    "init_loss_scaling": BAD_SCALES,
+    "incr_ratio": BAD_GROWTH,
+    "decr_ratio": BAD_BACKOFF,
+    "incr_every_n_steps": BAD_COUNTS,
+    "decr_every_n_nan_or_inf": BAD_COUNTS,
+    "use_dynamic_loss_scaling": BAD_FLAGS,
+}
+TORCH_SCALER = {
+    "init_scale": BAD_SCALES,
+    "growth_factor": BAD_GROWTH,
+    "backoff_factor": BAD_BACKOFF,
+    "growth_interval": BAD_COUNTS,
+    "enabled": BAD_FLAGS,
+}
 
 
-@pytest.mark.parametrize("name, value", _sweep(GRAD_SCALER) + _sweep(TORCH_SCALER),
-                         ids=_ids(_sweep(GRAD_SCALER) + _sweep(TORCH_SCALER)))
+@pytest.mark.parametrize(
+    "name, value", _sweep(GRAD_SCALER) + _sweep(TORCH_SCALER), ids=_ids(_sweep(GRAD_SCALER) + _sweep(TORCH_SCALER))
+)
 def test_grad_scalers(name, value):
     _refused(lambda: GradScaler(**{name: value}), name, value)
 
 
-BACKOFF_ARGUMENTS = [(LossScalePolicy, "backoff_factor"), (DynamicLossScaleManager, "backoff_factor"),
-                     (GradScaler, "decr_ratio"), (GradScaler, "backoff_factor")]
+BACKOFF_ARGUMENTS = [
+    (LossScalePolicy, "backoff_factor"),
+    (DynamicLossScaleManager, "backoff_factor"),
+    (GradScaler, "decr_ratio"),
+    (GradScaler, "backoff_factor"),
+]
 
 
 @pytest.mark.parametrize("make, name", BACKOFF_ARGUMENTS, ids=[f"{m.__name__}-{n}" for m, n in BACKOFF_ARGUMENTS])
@@ -649,11 +814,19 @@ def test_monitor(name, value):
 # ---- load_state_dict -----------------------------------------------------------------------------------
 
 GOOD_STATE = {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
-BAD_STATES = ([("state_dict", value) for value in (None, [1024.0], "x")]
-              + [(key, "missing") for key in GOOD_STATE]
-              + [(key, value) for key in GOOD_STATE for value in (None, "1", True, NAN, INF, -1, [1, 2])]
-              + [("good_steps", 1.5), ("hysteresis_left", 0), ("hysteresis_left", 2), ("good_steps", 100),
-                 ("loss_scale", 0.5), ("loss_scale", 1e39)])
+BAD_STATES = (
+    [("state_dict", value) for value in (None, [1024.0], "x")]
+    + [(key, "missing") for key in GOOD_STATE]
+    + [(key, value) for key in GOOD_STATE for value in (None, "1", True, NAN, INF, -1, [1, 2])]
+    + [
+        ("good_steps", 1.5),
+        ("hysteresis_left", 0),
+        ("hysteresis_left", 2),
+        ("good_steps", 100),
+        ("loss_scale", 0.5),
+        ("loss_scale", 1e39),
+    ]
+)
 
 
 def _bad_state(key, value):
@@ -682,8 +855,11 @@ def test_dynamic_load_state_dict_names_the_key_and_changes_nothing(key, value):
         assert target.state_dict() == before, owner
 
 
-@pytest.mark.parametrize("state", [None, {}, {"loss_scale": None}, {"loss_scale": NAN}, {"loss_scale": 512.0},
-                                   {"loss_scale": "1024"}], ids=repr)
+@pytest.mark.parametrize(
+    "state",
+    [None, {}, {"loss_scale": None}, {"loss_scale": NAN}, {"loss_scale": 512.0}, {"loss_scale": "1024"}],
+    ids=repr,
+)
 def test_fixed_load_state_dict(state):
     for target in (FixedLossScaleManager(1024.0), FixedLossScaleUpdateCell(1024.0)):
         with pytest.raises((TypeError, ValueError)) as refused:
@@ -699,17 +875,24 @@ def test_any_real_number_is_taken_as_its_float(value):
     half = value / 2048  # 0.5, of the same type
     policy = LossScalePolicy(init_scale=value, growth_factor=half * 4, min_scale=half, max_scale=value * 4)
     assert json.loads(json.dumps(dataclasses.asdict(policy))) == dataclasses.asdict(
-        LossScalePolicy(init_scale=1024.0, growth_factor=2.0, min_scale=0.5, max_scale=4096.0))
+        LossScalePolicy(init_scale=1024.0, growth_factor=2.0, min_scale=0.5, max_scale=4096.0)
+    )
     manager = DynamicLossScaleManager(init_loss_scale=value, scale_factor=half * 4)
     assert manager.get_update_cell().get_loss_scale() == 1024.0
     assert float(FixedLossScaleUpdateCell(value).get_loss_scale()) == 1024.0
     torch_state = TorchGradScaler(init_scale=value, growth_factor=half * 4, backoff_factor=half).state_dict()
-    assert json.loads(json.dumps(torch_state)) == {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                                                   "growth_interval": 2000, "_growth_tracker": 0}
+    assert json.loads(json.dumps(torch_state)) == {
+        "scale": 1024.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 2000,
+        "_growth_tracker": 0,
+    }
     assert float(GradScaler(init_loss_scaling=value, incr_ratio=half * 4).get_loss_scaling()) == 1024.0
     net = regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)),
-                                         clip_global_norm=half)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)), clip_global_norm=half
+    )
     assert step.clip_global_norm == 0.5
 
 

@@ -1,5 +1,6 @@
 """The command line: short runs of train/compare/inspect, their files and reports, the help, and one-line
 errors with exit code 2 for every kind of bad input."""
+
 import csv
 import json
 import os
@@ -12,12 +13,12 @@ import numpy as np
 import pytest
 
 from lossscale.demo.cli import main
+from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 from lossscale.demo.inspection import scale_advice
+from lossscale.demo.msrun import LAUNCHED_MARK
 from lossscale.demo.options import EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, parse_loss_scale
 from lossscale.demo.results import comparison_verdict
 from lossscale.demo.runs import CLI_OVERFLOW_ADVICE, nothing_trained, run_training, stall_warning
-from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
-from lossscale.demo.msrun import LAUNCHED_MARK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
@@ -31,10 +32,17 @@ def _one_error_line(capsys, pattern, prefix="lossscale: error: "):
 
 def _cli(arguments, cwd, timeout=300):
     """``python -m lossscale ...`` in a fresh process started in ``cwd``."""
-    return subprocess.run([sys.executable, "-m", "lossscale", *arguments], capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "lossscale", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
+    )
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert main(["train", *TINY, "--output", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -51,8 +59,15 @@ def test_train_writes_metrics_summary_and_plot(tmp_path, capsys):
     assert summary["summary"]["skipped_steps"] == sum(r["overflow"] == "True" for r in rows)
     assert summary["stalled_by_overflow"] is False
     assert (tmp_path / "training.png").stat().st_size > 10_000
-    assert set(summary) == {"config", "summary", "test_accuracy", "final_loss", "seconds_per_step",
-                            "first_step_seconds", "stalled_by_overflow"}  # the steps are in metrics.csv
+    assert set(summary) == {
+        "config",
+        "summary",
+        "test_accuracy",
+        "final_loss",
+        "seconds_per_step",
+        "first_step_seconds",
+        "stalled_by_overflow",
+    }  # the steps are in metrics.csv
     test_images = 1797 - 1438  # every one counts, the last partial batch of 64 too
     assert summary["test_accuracy"] * test_images == pytest.approx(round(summary["test_accuracy"] * test_images))
     assert main(["train", *TINY, "--output", str(tmp_path)]) == 0
@@ -79,6 +94,7 @@ def test_the_step_timer_keeps_the_compiling_first_step_apart(monkeypatch):
 
 
 @pytest.mark.parametrize("rank, files", [(0, ["metrics.csv", "summary.json", "training.png"]), (1, [])])
+@pytest.mark.slow
 def test_under_msrun_only_rank_0_writes_and_prints_the_report(rank, files, tmp_path, capsys, monkeypatch):
     """Every msrun worker runs the whole command on its share of the data; rank 0 alone writes the outputs and
     prints the report and the progress bar (two ranks writing the same files would race). One process plays rank
@@ -86,8 +102,24 @@ def test_under_msrun_only_rank_0_writes_and_prints_the_report(rank, files, tmp_p
     real."""
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
     monkeypatch.setattr("lossscale.demo.msrun.init_data_parallel", lambda: (rank, 2))
-    assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "128", "--workers", "2",
-                 "--output", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "mlp",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "128",
+                "--workers",
+                "2",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert sorted(os.listdir(tmp_path)) == files
     out, err = capsys.readouterr()
     assert out.startswith(f"rank {rank} of 2: per-rank batch 128, global batch 256")
@@ -97,13 +129,32 @@ def test_under_msrun_only_rank_0_writes_and_prints_the_report(rank, files, tmp_p
             assert len(list(csv.DictReader(handle))) == 719 // 128  # this rank's half of the 1438 images
 
 
+@pytest.mark.slow
 def test_train_shows_and_plots_the_unweighted_loss_and_the_scale(tmp_path, capsys, monkeypatch):
     """The progress bar, the final line and the plot show the cross-entropy, not the loss times --loss-weight (the
     summary's records keep the weighted loss, the one that was trained)."""
     plotted = []
-    monkeypatch.setattr("lossscale.demo.plots.plot_training", lambda records, path, title: plotted.append(records) or path)
-    assert main(["train", "--model", "mlp", "--epochs", "1", "--batch-size", "256", "--loss-weight", "1e-4",
-                 "--output", str(tmp_path)]) == 0
+    monkeypatch.setattr(
+        "lossscale.demo.plots.plot_training", lambda records, path, title: plotted.append(records) or path
+    )
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "mlp",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "256",
+                "--loss-weight",
+                "1e-4",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert "epoch 1/1" in err and "scale=2**" in err and "skipped=" in err
     losses = [float(v) for v in re.findall(r"loss=([0-9.]+)", err)]
@@ -124,6 +175,7 @@ def test_the_demo_without_tqdm_says_how_to_install_it(tmp_path, capsys, monkeypa
     _one_error_line(capsys, 'the demo needs tqdm, which is not installed: pip install "lossscale[demo]"')
 
 
+@pytest.mark.slow
 def test_train_without_matplotlib_says_so_in_one_line(tmp_path, capsys, monkeypatch):
     """No plot, and not the previous run's plot either beside this run's results."""
     (tmp_path / "training.png").write_bytes(b"an earlier run's plot")
@@ -153,14 +205,17 @@ def _records(flags):
     return {"records": [{"overflow": flag} for flag in flags], "config": {"loss_scale": "dynamic"}}
 
 
-@pytest.mark.parametrize("flags, stalled", [
-    ([], False),  # no step at all: nothing to warn about
-    ([True] * 3, False),  # no step applied: nothing_trained's error instead
-    ([True] * 20 + [False] + [True] * 5 + [False] * 44, True),  # 5 of the 50 steps from the first applied one
-    ([True] * 20 + [False] + [True] * 4 + [False] * 45, False),  # 4: fewer than 5
-    ([False] + [True] * 6 + [False] * 63, False),  # 6 of 70: fewer than 10%
-    ([False] + [True] * 7 + [False] * 62, True),  # 7 of 70: 10%
-])
+@pytest.mark.parametrize(
+    "flags, stalled",
+    [
+        ([], False),  # no step at all: nothing to warn about
+        ([True] * 3, False),  # no step applied: nothing_trained's error instead
+        ([True] * 20 + [False] + [True] * 5 + [False] * 44, True),  # 5 of the 50 steps from the first applied one
+        ([True] * 20 + [False] + [True] * 4 + [False] * 45, False),  # 4: fewer than 5
+        ([False] + [True] * 6 + [False] * 63, False),  # 6 of 70: fewer than 10%
+        ([False] + [True] * 7 + [False] * 62, True),  # 7 of 70: 10%
+    ],
+)
 def test_stall_warning_counts_from_the_first_applied_step(flags, stalled):
     """Stalled: at least 10% (and at least 5) of the steps from the first applied one skipped; the backoffs before
     it are how a dynamic scale finds its level. A run with no step applied has nothing_trained's error."""
@@ -176,6 +231,7 @@ def test_counts_of_one_read_in_the_singular():
     assert "nothing was trained: the 1 step overflowed and was skipped." in nothing_trained(_records([True]))
 
 
+@pytest.mark.slow
 def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
     """A run that applied no step exits 1 with one line saying so, after writing its results; the advice names the
     command line's options, never the library's (debug_overflow=True, min_loss_scale have no flag)."""
@@ -183,77 +239,128 @@ def test_a_run_stalled_by_overflow_says_so_or_stops(tmp_path, capsys):
     assert main([*too_large, "--max-consecutive-overflows", "3", "--output", str(tmp_path / "warn")]) == EXIT_STALLED
     err = capsys.readouterr().err
     persistent = [line for line in err.splitlines() if line.startswith("lossscale: warning: Persistent overflow")]
-    assert len(persistent) == 1 and "at step 3: 3 consecutive overflowing steps (--max-consecutive-overflows " \
-                                    "3)" in persistent[0]  # warn: once
+    assert (
+        len(persistent) == 1
+        and "at step 3: 3 consecutive overflowing steps (--max-consecutive-overflows 3)" in persistent[0]
+    )  # warn: once
     stopped = [line for line in err.splitlines() if line.startswith("lossscale: training stopped: ")]
-    assert stopped == ["lossscale: training stopped: nothing was trained: all 11 steps overflowed and were skipped. "
-                       f"{CLI_OVERFLOW_ADVICE}"]
+    assert stopped == [
+        "lossscale: training stopped: nothing was trained: all 11 steps overflowed and were skipped. "
+        f"{CLI_OVERFLOW_ADVICE}"
+    ]
     assert "debug_overflow" not in err and "min_loss_scale" not in err and "WARNING" not in err
     assert json.loads((tmp_path / "warn" / "summary.json").read_text())["stalled_by_overflow"] is True
-    assert main([*too_large, "--overflow-policy", "raise", "--max-consecutive-overflows", "3",
-                 "--output", str(tmp_path / "raise")]) == EXIT_STALLED
-    _one_error_line(capsys, f"3 consecutive overflowing steps (--max-consecutive-overflows 3); loss scale 1e+10, "
-                            f"3 steps skipped so far. Every overflowing step is skipped, so training is not "
-                            f"progressing. {CLI_OVERFLOW_ADVICE}", prefix="lossscale: training stopped: ")
+    assert (
+        main(
+            [
+                *too_large,
+                "--overflow-policy",
+                "raise",
+                "--max-consecutive-overflows",
+                "3",
+                "--output",
+                str(tmp_path / "raise"),
+            ]
+        )
+        == EXIT_STALLED
+    )
+    _one_error_line(
+        capsys,
+        f"3 consecutive overflowing steps (--max-consecutive-overflows 3); loss scale 1e+10, "
+        f"3 steps skipped so far. Every overflowing step is skipped, so training is not "
+        f"progressing. {CLI_OVERFLOW_ADVICE}",
+        prefix="lossscale: training stopped: ",
+    )
 
 
 GPU = "GPU is available" if ms.hal.is_available("GPU") else None
 
 
-@pytest.mark.parametrize("arguments, pattern", [
-    (["train", "--model", "vgg"], "unknown model 'vgg'"),
-    (["train", "--loss-scale", "fixed:abc"],
-     "fixed:S needs a number S in [1, 3.4e38] (float32's range), but got 'abc'"),
-    (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
-    (["train", "--loss-scale", "fixed:1e39"], "but got '1e39'"),
-    (["train", "--loss-scale", "fixed:nan"], "but got 'nan'"),
-    (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
-    (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
-    (["train", "--epochs", "0"], "--epochs: must be an integer in [1, 2147483647], got '0'"),
-    (["train", "--epochs", "1.5"], "--epochs: must be an integer in [1, 2147483647], got '1.5'"),
-    (["train", "--batch-size", "-3"], "--batch-size: must be an integer in [1, 2147483647]"),
-    (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
-    (["train", "--workers", "2", "--batch-size", "720"],  # said "larger than the 1438", from a worker, after msrun
-     "--batch-size 720 is larger than the 719 training images of each of the 2 workers (1438 in all)"),
-    (["train", "--workers", "3", "--batch-size", "481"],  # MindSpore gives each of 3 workers ceil(1438 / 3) images
-     "--batch-size 481 is larger than the 480 training images of each of the 3 workers (1438 in all)"),
-    (["train", "--precision", "fp8"], "--precision"),
-    (["train", "--lr", "-1"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got '-1'"),
-    (["train", "--lr", "nan"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'nan'"),
-    (["train", "--lr", "inf"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'inf'"),
-    (["train", "--seed", "-1"], "--seed: must be an integer in [0, 2**32-1], got '-1'"),
-    (["train", "--seed", "4294967296"], "--seed: must be an integer in [0, 2**32-1]"),
-    (["train", "--loss-weight", "0"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
-    (["train", "--scale-window", "0"], "--scale-window: must be an integer in [1, 2147483647]"),
-    # Beyond int32 or float32: MindSpore's error (a traceback, exit 1), or a loss weight of inf that trained nothing
-    (["train", "--scale-window", "99999999999"], "--scale-window: must be an integer in [1, 2147483647], got"),
-    (["train", "--epochs", "100000000000"], "--epochs: must be an integer in [1, 2147483647], got"),
-    (["train", "--loss-weight", "1e39"], "--loss-weight: must be a number in [1.2e-38, 3.4e38] (float32's normal "
-                                         "range), got '1e39'"),
-    (["train", "--loss-weight", "1e-39"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
-    (["train", "--lr", "1e39"], "--lr: must be a number in [1.2e-38, 3.4e38]"),
-    (["train", "--workers", "0"], "--workers: must be an integer in [1, 2147483647]"),
-    (["train", "--overflow-policy", "ignore"], "--overflow-policy"),
-    (["train", "--max-consecutive-overflows", "0"], "--max-consecutive-overflows: must be an integer in [1, 2147483647]"),
-    (["train", "--device", "TPU"], "--device"),
-    pytest.param(["train", "--device", "GPU"], "--device GPU is not available", marks=pytest.mark.skipif(
-        GPU is not None, reason="this machine has a GPU")),
-    (["compare", "--model", "vgg"], "unknown model"),
-    (["compare", "--precision", "fp32"], "--precision: invalid choice: 'fp32'"),
-    (["compare", "--fixed-scale", "0.5"],
-     "--fixed-scale: must be a number in [1, 3.4e38] (float32's range), got '0.5'"),
-    (["compare", "--fixed-scale", "1e39"], "--fixed-scale: must be a number in [1, 3.4e38]"),
-    (["inspect", "--scale", "0"], "--scale: must be a number in (0, 3.4e38] (float32's range), got '0'"),
-    (["inspect", "--scale", "1e39"], "--scale: must be a number in (0, 3.4e38]"),
-    (["inspect", "--scale", "inf"], "--scale: must be a number in (0, 3.4e38]"),
-    (["inspect", "--precision", "O0"], "--precision: invalid choice: 'O0'"),
-    (["inspect", "--epochs", "-1"], "--epochs: must be an integer in [0, 2147483647], got '-1'"),
-    (["inspect", "--batches", "0"], "--batches: must be an integer in [1, 2147483647]"),
-    (["inspect", "--loss-scale", "dynamic"], "unrecognized arguments: --loss-scale"),
-    (["inspect", "--batch-size", "1439"], "--batch-size 1439 is larger than the 1438 training images"),
-    (["compare", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
-    (["fly"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "arguments, pattern",
+    [
+        (["train", "--model", "vgg"], "unknown model 'vgg'"),
+        (
+            ["train", "--loss-scale", "fixed:abc"],
+            "fixed:S needs a number S in [1, 3.4e38] (float32's range), but got 'abc'",
+        ),
+        (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
+        (["train", "--loss-scale", "fixed:1e39"], "but got '1e39'"),
+        (["train", "--loss-scale", "fixed:nan"], "but got 'nan'"),
+        (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
+        (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
+        (["train", "--epochs", "0"], "--epochs: must be an integer in [1, 2147483647], got '0'"),
+        (["train", "--epochs", "1.5"], "--epochs: must be an integer in [1, 2147483647], got '1.5'"),
+        (["train", "--batch-size", "-3"], "--batch-size: must be an integer in [1, 2147483647]"),
+        (["train", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
+        (
+            [
+                "train",
+                "--workers",
+                "2",
+                "--batch-size",
+                "720",
+            ],  # said "larger than the 1438", from a worker, after msrun
+            "--batch-size 720 is larger than the 719 training images of each of the 2 workers (1438 in all)",
+        ),
+        (
+            [
+                "train",
+                "--workers",
+                "3",
+                "--batch-size",
+                "481",
+            ],  # MindSpore gives each of 3 workers ceil(1438 / 3) images
+            "--batch-size 481 is larger than the 480 training images of each of the 3 workers (1438 in all)",
+        ),
+        (["train", "--precision", "fp8"], "--precision"),
+        (["train", "--lr", "-1"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got '-1'"),
+        (["train", "--lr", "nan"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'nan'"),
+        (["train", "--lr", "inf"], "--lr: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got 'inf'"),
+        (["train", "--seed", "-1"], "--seed: must be an integer in [0, 2**32-1], got '-1'"),
+        (["train", "--seed", "4294967296"], "--seed: must be an integer in [0, 2**32-1]"),
+        (["train", "--loss-weight", "0"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
+        (["train", "--scale-window", "0"], "--scale-window: must be an integer in [1, 2147483647]"),
+        # Beyond int32 or float32: MindSpore's error (a traceback, exit 1), or a loss weight of inf that trained nothing
+        (["train", "--scale-window", "99999999999"], "--scale-window: must be an integer in [1, 2147483647], got"),
+        (["train", "--epochs", "100000000000"], "--epochs: must be an integer in [1, 2147483647], got"),
+        (
+            ["train", "--loss-weight", "1e39"],
+            "--loss-weight: must be a number in [1.2e-38, 3.4e38] (float32's normal range), got '1e39'",
+        ),
+        (["train", "--loss-weight", "1e-39"], "--loss-weight: must be a number in [1.2e-38, 3.4e38]"),
+        (["train", "--lr", "1e39"], "--lr: must be a number in [1.2e-38, 3.4e38]"),
+        (["train", "--workers", "0"], "--workers: must be an integer in [1, 2147483647]"),
+        (["train", "--overflow-policy", "ignore"], "--overflow-policy"),
+        (
+            ["train", "--max-consecutive-overflows", "0"],
+            "--max-consecutive-overflows: must be an integer in [1, 2147483647]",
+        ),
+        (["train", "--device", "TPU"], "--device"),
+        pytest.param(
+            ["train", "--device", "GPU"],
+            "--device GPU is not available",
+            marks=pytest.mark.skipif(GPU is not None, reason="this machine has a GPU"),
+        ),
+        (["compare", "--model", "vgg"], "unknown model"),
+        (["compare", "--precision", "fp32"], "--precision: invalid choice: 'fp32'"),
+        (
+            ["compare", "--fixed-scale", "0.5"],
+            "--fixed-scale: must be a number in [1, 3.4e38] (float32's range), got '0.5'",
+        ),
+        (["compare", "--fixed-scale", "1e39"], "--fixed-scale: must be a number in [1, 3.4e38]"),
+        (["inspect", "--scale", "0"], "--scale: must be a number in (0, 3.4e38] (float32's range), got '0'"),
+        (["inspect", "--scale", "1e39"], "--scale: must be a number in (0, 3.4e38]"),
+        (["inspect", "--scale", "inf"], "--scale: must be a number in (0, 3.4e38]"),
+        (["inspect", "--precision", "O0"], "--precision: invalid choice: 'O0'"),
+        (["inspect", "--epochs", "-1"], "--epochs: must be an integer in [0, 2147483647], got '-1'"),
+        (["inspect", "--batches", "0"], "--batches: must be an integer in [1, 2147483647]"),
+        (["inspect", "--loss-scale", "dynamic"], "unrecognized arguments: --loss-scale"),
+        (["inspect", "--batch-size", "1439"], "--batch-size 1439 is larger than the 1438 training images"),
+        (["compare", "--batch-size", "5000"], "--batch-size 5000 is larger than the 1438 training images"),
+        (["fly"], "invalid choice"),
+    ],
+)
 def test_bad_arguments_give_one_line_and_exit_2(arguments, pattern, capsys, tmp_path):
     assert main([*arguments, "--output", str(tmp_path)] if arguments != ["fly"] else arguments) == EXIT_USAGE
     _one_error_line(capsys, pattern)
@@ -267,8 +374,10 @@ def test_unwritable_output_folder(tmp_path, capsys):
 
 
 def test_help_shows_each_commands_own_defaults():
-    helps = {command: build_parser()._subparsers._group_actions[0].choices[command].format_help()
-             for command in ("train", "compare", "inspect")}
+    helps = {
+        command: build_parser()._subparsers._group_actions[0].choices[command].format_help()
+        for command in ("train", "compare", "inspect")
+    }
     flat = {command: " ".join(text.split()) for command, text in helps.items()}
     assert "(default: 0.0001)" in flat["compare"] and "(default: 1.0)" in flat["train"]  # --loss-weight
     for command in ("train", "compare", "inspect"):
@@ -282,6 +391,7 @@ def test_help_shows_each_commands_own_defaults():
     assert "no progress bars" in flat["train"] and "(default: False)" not in flat["train"]  # a flag has no default
 
 
+@pytest.mark.slow
 def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys):
     common = ["inspect", "--model", "mlp", "--batches", "1", "--loss-weight", "1e-3", "--no-progress"]
     assert main([*common, "--output", str(tmp_path / "s1")]) == 0
@@ -296,15 +406,32 @@ def test_inspect_reports_underflow_that_a_larger_scale_removes(tmp_path, capsys)
     assert "at the untrained weights" in out and "Not a fixed scale to train with" in out
 
 
+@pytest.mark.slow
 def test_inspect_reports_the_batches_it_measured(tmp_path, capsys):
     """--batches beyond the training split measured the batches there are but said it measured --batches (and
     --batch-size beyond the split crashed with a traceback, exit 1: now exit 2, above)."""
-    assert main(["inspect", "--model", "mlp", "--batches", "100", "--batch-size", "700", "--no-progress",
-                 "--output", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "inspect",
+                "--model",
+                "mlp",
+                "--batches",
+                "100",
+                "--batch-size",
+                "700",
+                "--no-progress",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "inspect.json").read_text())["batches"] == 2  # 1438 // 700
     assert "untrained, 2 batches)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_inspect_advice_holds_for_the_training_it_describes(tmp_path, capsys):
     """The suggested fixed scale, measured along 3 epochs, trains those 3 epochs without a skipped step;
     4x the suggestion (above the smallest largest-safe scale of the trajectory) skips some."""
@@ -317,12 +444,26 @@ def test_inspect_advice_holds_for_the_training_it_describes(tmp_path, capsys):
     skipped = {}
     for factor in (1, 4):
         output = tmp_path / f"train{factor}"
-        assert main(["train", *common, "--precision", "O2", "--loss-scale", f"fixed:{suggested * factor:g}",
-                     "--output", str(output)]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    *common,
+                    "--precision",
+                    "O2",
+                    "--loss-scale",
+                    f"fixed:{suggested * factor:g}",
+                    "--output",
+                    str(output),
+                ]
+            )
+            == 0
+        )
         skipped[factor] = json.loads((output / "summary.json").read_text())["summary"]["skipped_steps"]
     assert skipped[1] == 0 and skipped[4] > 0
 
 
+@pytest.mark.slow
 def test_train_with_a_preset(tmp_path):
     """Megatron's rule starts at 2**32 and backs off after two overflows: 44 steps of 32 images find its level."""
     arguments = ["train", *TINY, "--batch-size", "32", "--loss-scale", "preset:megatron", "--output", str(tmp_path)]
@@ -344,23 +485,29 @@ def test_parse_loss_scale():
     assert label == "fixed:1" and factory().get_loss_scale() == 1.0
 
 
-@pytest.mark.parametrize("fp32, dynamic, relation", [
-    (0.9666, 0.9610, "0.56 percentage points below fp32 (96.66%): more than 0.5 below"),
-    (0.9666, 0.9630, "0.36 percentage points below fp32 (96.66%): not more than 0.5 below"),
-    (0.9610, 0.9666, "0.56 percentage points above fp32 (96.10%): not more than 0.5 below"),
-    (0.9666, 0.96662, "the same as fp32 (96.66%): not more than 0.5 below"),
-    (0.9666, 0.9670, "0.04 percentage points above fp32 (96.66%): not more than 0.5 below"),
-    (0.97, 0.965, "0.50 percentage points below fp32 (97.00%): not more than 0.5 below"),  # exactly -0.5
-])
+@pytest.mark.parametrize(
+    "fp32, dynamic, relation",
+    [
+        (0.9666, 0.9610, "0.56 percentage points below fp32 (96.66%): more than 0.5 below"),
+        (0.9666, 0.9630, "0.36 percentage points below fp32 (96.66%): not more than 0.5 below"),
+        (0.9610, 0.9666, "0.56 percentage points above fp32 (96.10%): not more than 0.5 below"),
+        (0.9666, 0.96662, "the same as fp32 (96.66%): not more than 0.5 below"),
+        (0.9666, 0.9670, "0.04 percentage points above fp32 (96.66%): not more than 0.5 below"),
+        (0.97, 0.965, "0.50 percentage points below fp32 (97.00%): not more than 0.5 below"),  # exactly -0.5
+    ],
+)
 def test_comparison_verdict(fp32, dynamic, relation):
     runs = [("fp32", {"test_accuracy": fp32}), ("fp16 dynamic", {"test_accuracy": dynamic})]
     assert comparison_verdict(runs) == f"fp16 dynamic reaches {100 * dynamic:.2f}% test accuracy, {relation}"
 
 
-@pytest.mark.parametrize("trajectory, smallest", [
-    ([(0, 2.0**19), (1, 2.0**16), (2, 2.0**17)], "2**16, at epoch 1. Suggested fixed scale: 2**15"),
-    ([(0, 2.0**15), (1, 2.0**17), (2, 2.0**16)], "2**15, at epoch 0. Suggested fixed scale: 2**14"),  # untrained
-])
+@pytest.mark.parametrize(
+    "trajectory, smallest",
+    [
+        ([(0, 2.0**19), (1, 2.0**16), (2, 2.0**17)], "2**16, at epoch 1. Suggested fixed scale: 2**15"),
+        ([(0, 2.0**15), (1, 2.0**17), (2, 2.0**16)], "2**15, at epoch 0. Suggested fixed scale: 2**14"),  # untrained
+    ],
+)
 def test_scale_advice_names_the_smallest_safe_scale_and_its_epoch(trajectory, smallest):
     assert f"the smallest, {smallest} (half of it)" in scale_advice(trajectory)
 
@@ -391,6 +538,7 @@ def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, cap
     _one_error_line(capsys, f"msrun failed with exit code 1; worker logs are in {tmp_path / 'msrun_logs'}")
 
 
+@pytest.mark.slow
 def test_entry_points_version_and_no_clash_with_a_users_own_models(tmp_path, monkeypatch):
     """Run from a folder holding its own models.py and models/ (common in ML projects): lossscale's demo
     networks are lossscale_models, so the user's code is neither imported nor shadowed. MindSpore's own warnings
@@ -413,8 +561,10 @@ def test_entry_points_version_and_no_clash_with_a_users_own_models(tmp_path, mon
 
 
 def test_module_help_answers_without_importing_mindspore():
-    code = ("import sys; from lossscale.demo.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
-            "    pass\nprint('mindspore' in sys.modules)")
+    code = (
+        "import sys; from lossscale.demo.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n"
+        "    pass\nprint('mindspore' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.strip().endswith("False") and "--loss-scale" in done.stdout
 
@@ -458,19 +608,23 @@ def test_magnitude_report_classifies_as_float16_rounds(value, landing, scale):
     assert bool(np.isinf(_half(value))) == (landing == "overflow")
 
 
-@pytest.mark.parametrize("largest, safe", [(1.0, 2.0**15), (65519.0 / 4, 4.0), (65520.0 / 4, 2.0), (65504.0, 1.0),
-                                           (2.0**-20, 2.0**35)])
+@pytest.mark.parametrize(
+    "largest, safe", [(1.0, 2.0**15), (65519.0 / 4, 4.0), (65520.0 / 4, 2.0), (65504.0, 1.0), (2.0**-20, 2.0**35)]
+)
 def test_largest_safe_scale_is_the_largest_power_of_two_that_stays_finite(largest, safe):
     assert magnitude_report([np.array([largest, 1e-30])], 1.0)["largest_safe_scale"] == safe
     assert np.isfinite(_half(largest * safe)) and np.isinf(_half(largest * safe * 2))
 
 
-@pytest.mark.parametrize("reference, candidate, lost", [
-    ([[1.0, 2.0, 0.0]], [[0.0, 2.0, 0.0]], 0.5),  # a zero where fp32 has none is lost; zero in both is not
-    ([[1.0, -3.0], [4.0]], [[1.0, 0.0], [0.0]], 2 / 3),  # over every tensor
-    ([[1.0]], [[np.inf]], 0.0),  # an overflow is not an element lost to underflow
-    ([[0.0, 0.0]], [[0.0, 0.0]], 0.0),  # nothing to lose
-])
+@pytest.mark.parametrize(
+    "reference, candidate, lost",
+    [
+        ([[1.0, 2.0, 0.0]], [[0.0, 2.0, 0.0]], 0.5),  # a zero where fp32 has none is lost; zero in both is not
+        ([[1.0, -3.0], [4.0]], [[1.0, 0.0], [0.0]], 2 / 3),  # over every tensor
+        ([[1.0]], [[np.inf]], 0.0),  # an overflow is not an element lost to underflow
+        ([[0.0, 0.0]], [[0.0, 0.0]], 0.0),  # nothing to lose
+    ],
+)
 def test_lost_fraction_counts_elements_flushed_to_zero(reference, candidate, lost):
     assert lost_fraction([np.array(r) for r in reference], [np.array(c) for c in candidate]) == pytest.approx(lost)
 

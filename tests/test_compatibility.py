@@ -12,17 +12,17 @@ data by up to 1.2e-7 in the weights, and is bit-identical to the current code th
 Also: every front-end compiles and trains identically under MindSpore's ``jit_syntax_level=STRICT``, and
 trains eagerly in PyNative mode as compiled.
 """
+
 import os
 
 import mindspore as ms
 import numpy as np
 import pytest
-
 from mindspore import Tensor, nn
-
-from lossscale import DynamicLossScaleManager, GradScaler, TrainOneStepWithLossScaleCell
 from nets import GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
 from release_checkpoint import CONFIGS, SPLIT, STEPS, run_calls
+
+from lossscale import DynamicLossScaleManager, GradScaler, TrainOneStepWithLossScaleCell
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "release_0_1_0")
 
@@ -49,7 +49,7 @@ def test_release_checkpoint_resumes_identically(name):
     np.testing.assert_allclose(losses, expected["losses"], rtol=1e-6, atol=1e-8)
     params = snapshot(step)
     for key in (k for k in expected.files if k.startswith("param:")):
-        np.testing.assert_allclose(params[key[len("param:"):]], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
+        np.testing.assert_allclose(params[key[len("param:") :]], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
 
 
 # ---- MindSpore's strict graph syntax ---------------------------------------------------------------------
@@ -60,8 +60,11 @@ STRICT_BATCHES = reference_batches(6, injected={2, 3})
 def _train_cell_run():
     """The train cell on the reference model: ``(skip flags, scale, weight)`` after the batches."""
     net = reference_net()
-    cell = TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.05),
-                                         DynamicLossScaleManager(2**10, scale_window=2).get_update_cell())
+    cell = TrainOneStepWithLossScaleCell(
+        nn.WithLossCell(net, nn.MSELoss()),
+        nn.SGD(net.trainable_params(), 0.05),
+        DynamicLossScaleManager(2**10, scale_window=2).get_update_cell(),
+    )
     flags = [bool(cell(Tensor(x), Tensor(y))[1].asnumpy()) for x, y in STRICT_BATCHES]
     return flags, cell.get_loss_scale(), net.weight.asnumpy().tolist()
 
@@ -75,8 +78,11 @@ def _front_end_run(front_end, compiled=True):
         run = LossScaleOptimizerRun(0.05, compiled, initial_scale=2.0**10, dynamic_growth_steps=2)
         scale = lambda: run.observed()["loss_scale"]  # noqa: E731
     else:
-        scaler = (GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if front_end == "torch" else
-                  GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2))
+        scaler = (
+            GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+            if front_end == "torch"
+            else GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2)
+        )
         run = GradScalerRun(scaler, clip=1.0, compiled=compiled)
         scale = scaler.get_scale
     flags = [run.checked_iteration(x, y, front_end) for x, y in STRICT_BATCHES]
@@ -85,6 +91,7 @@ def _front_end_run(front_end, compiled=True):
 
 def _strict_mode_is_on():
     """Whether graphs compiled now use strict syntax (where a jit function cannot call ``Tensor.asnumpy``)."""
+
     @ms.jit
     def host_read(x):
         return Tensor(x.asnumpy())
@@ -129,6 +136,7 @@ def test_every_front_end_called_eagerly_in_pynative_mode_trains_as_compiled(fron
 
 @pytest.mark.parametrize("front_end", ["torch", "paddle", "keras"])
 @pytest.mark.parametrize("mode", ["GRAPH_MODE", "PYNATIVE_MODE"])
+@pytest.mark.slow
 def test_every_front_end_compiled_in_bytecode_mode_trains_as_in_ast_mode(front_end, mode):
     """``mindspore.jit(capture_mode="bytecode")``: both GradScalers (with ``unscale_`` and clipping) and
     LossScaleOptimizer (given the gradients alone) train exactly as under the default ``"ast"`` (skips on the

@@ -1,4 +1,5 @@
 """Two ranks on loopback with msrun: every rank skips together (run by CI, bounded, no leftovers)."""
+
 import json
 import os
 import subprocess
@@ -9,12 +10,18 @@ import numpy as np
 import psutil
 import pytest
 from mindspore import Tensor, nn
+from nets import regression_batches, regression_net
 
 from lossscale import TrainOneStepWithLossScaleCell, get_preset
-from lossscale.demo.msrun import (LAUNCHED_MARK, inside_msrun, launch_environment, launched_by_us, msrun_command,
-                                   run_msrun)
 from lossscale.core.policy import run
-from nets import regression_batches, regression_net
+from lossscale.demo.msrun import (
+    LAUNCHED_MARK,
+    inside_msrun,
+    launch_environment,
+    launched_by_us,
+    msrun_command,
+    run_msrun,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -25,17 +32,23 @@ import dp_worker  # noqa: E402
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
-    command = msrun_command(os.path.join(HERE, "dp_worker.py"), [str(out)], workers=2,
-                            log_dir=str(out / "logs"))
+    command = msrun_command(os.path.join(HERE, "dp_worker.py"), [str(out)], workers=2, log_dir=str(out / "logs"))
     done = run_msrun(command, timeout=170, env=launch_environment(ROOT), cwd=str(out))
-    logs = "".join(open(os.path.join(out, "logs", f), encoding="utf-8", errors="replace").read()[-3000:]
-                   for f in sorted(os.listdir(out / "logs"))) if (out / "logs").exists() else ""
+    logs = (
+        "".join(
+            open(os.path.join(out, "logs", f), encoding="utf-8", errors="replace").read()[-3000:]
+            for f in sorted(os.listdir(out / "logs"))
+        )
+        if (out / "logs").exists()
+        else ""
+    )
     assert done.returncode == 0, done.stdout[-3000:] + logs
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     weights = {(r, name): np.load(out / f"rank{r}_{name}.npy") for r in (0, 1) for name in dp_worker.RUNS}
     return reports, weights, command
 
 
+@pytest.mark.slow
 def test_both_ranks_skip_the_step_where_only_rank_1_overflowed(two_ranks):
     reports, _, _ = two_ranks
     expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
@@ -70,9 +83,9 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_function
     expected_flags = [i == dp_worker.INJECT_STEP for i in range(dp_worker.STEPS)]
     for rank, report in enumerate(reports):
         assert report[run_name]["flags"] == expected_flags, rank
-        assert report[run_name]["scales"] == [s.scale for s in run(get_preset("pytorch", init_scale=2.0**10,
-                                                                                  growth_interval=2),
-                                                                       expected_flags)]
+        assert report[run_name]["scales"] == [
+            s.scale for s in run(get_preset("pytorch", init_scale=2.0**10, growth_interval=2), expected_flags)
+        ]
         step = dp_worker.INJECT_STEP
         np.testing.assert_array_equal(weights[(rank, run_name)][step], weights[(rank, run_name)][step - 1])
     np.testing.assert_array_equal(weights[(0, run_name)], weights[(1, run_name)])
@@ -135,8 +148,9 @@ def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
 def test_clean_run_matches_single_process_training_on_the_combined_batch(two_ranks):
     _, weights, _ = two_ranks
     net = regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                                         dp_worker.manager().get_update_cell())
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.Momentum(net.trainable_params(), 0.05, 0.9), dp_worker.manager().get_update_cell()
+    )
     single = []
     for x, y in regression_batches(dp_worker.STEPS, batch=dp_worker.GLOBAL_BATCH):
         step(Tensor(x), Tensor(y))
@@ -149,8 +163,11 @@ def test_no_process_left_behind(two_ranks):
     under pytest-xdist the other test process may be running its own launch of this module's fixture)."""
     _, _, command = two_ranks
     worker, output = os.path.join(HERE, "dp_worker.py"), command[-1]
-    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if worker in (p.info["cmdline"] or []) and output in (p.info["cmdline"] or [])]
+    leftovers = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if worker in (p.info["cmdline"] or []) and output in (p.info["cmdline"] or [])
+    ]
     assert leftovers == []
 
 
@@ -158,8 +175,11 @@ def _alive(marker):
     """The pids of living processes whose command line holds ``marker`` (a killed orphan is reaped by init: waited
     for, up to 10 s)."""
     for _ in range(100):
-        alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
-                 if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+        alive = [
+            p.pid
+            for p in psutil.process_iter(["cmdline", "status"])
+            if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return []
         time.sleep(0.1)
@@ -167,13 +187,16 @@ def _alive(marker):
 
 
 @pytest.mark.parametrize("launcher_ends", ["by itself", "by its timeout"])
+@pytest.mark.slow
 def test_run_msrun_kills_what_the_launcher_leaves_behind(tmp_path, launcher_ends):
     """A worker that outlives msrun (a launcher that exits, or one that run_msrun stops at its timeout, without
     waiting for it) is killed with its process group: nothing of a launch survives it."""
     marker = str(tmp_path / "worker")
     worker = [sys.executable, "-c", "import time; time.sleep(120)", marker]
-    launcher = (f"import subprocess, time; subprocess.Popen({worker!r}, stdout=subprocess.DEVNULL, "
-                f"stderr=subprocess.DEVNULL); print('started', flush=True)")
+    launcher = (
+        f"import subprocess, time; subprocess.Popen({worker!r}, stdout=subprocess.DEVNULL, "
+        f"stderr=subprocess.DEVNULL); print('started', flush=True)"
+    )
     if launcher_ends == "by its timeout":
         launcher += "; time.sleep(120)"
         started = time.monotonic()
@@ -188,17 +211,28 @@ def test_run_msrun_kills_what_the_launcher_leaves_behind(tmp_path, launcher_ends
 
 @pytest.mark.slow  # kept long: it is what the test checks (a full run)
 def test_cli_trains_the_demo_model_on_two_processes(tmp_path):
-    command = [sys.executable, "-m", "lossscale", "train", "--workers", "2", "--model", "mlp", "--epochs", "1",
-               "--no-progress", "--output", str(tmp_path)]
-    done = run_msrun(command, timeout=170, env=dict(launch_environment(ROOT), **{LAUNCHED_MARK: ""}),
-                     cwd=ROOT)
+    command = [
+        sys.executable,
+        "-m",
+        "lossscale",
+        "train",
+        "--workers",
+        "2",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--output",
+        str(tmp_path),
+    ]
+    done = run_msrun(command, timeout=170, env=dict(launch_environment(ROOT), **{LAUNCHED_MARK: ""}), cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "rank 0 of 2: per-rank batch 32, global batch 64" in done.stdout
     assert "test accuracy:" in done.stdout
     rows = (tmp_path / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) - 1 == 1438 // 2 // 32  # steps per rank: half of the data per epoch
-    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
-                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
 
 
@@ -220,8 +254,7 @@ def _set_or_unset(monkeypatch, name, value):
 
 
 @pytest.mark.parametrize("mark, announced", [("1", False), (None, True)])
-def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path, capsys, monkeypatch, mark,
-                                                                        announced):
+def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path, capsys, monkeypatch, mark, announced):
     """`train --workers N` says which results it replaces before it launches msrun, and prints rank 0's log after
     the run: its workers do not say it again. Under the user's own msrun no launcher has said it."""
     from lossscale.demo.cli import main
@@ -238,8 +271,9 @@ def test_workers_we_launch_leave_the_replacement_note_to_their_launcher(tmp_path
     assert ("note: replacing metrics.csv" in capsys.readouterr().err) is announced
 
 
-@pytest.mark.parametrize("role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False),
-                                          (None, False)])
+@pytest.mark.parametrize(
+    "role, inside", [("MS_WORKER", True), ("MS_SCHED", True), ("MS_PSERVER", False), (None, False)]
+)
 def test_inside_msrun_holds_for_its_workers_and_its_scheduler(monkeypatch, role, inside):
     """msrun's scheduler runs the same script (and waits in init()): it must not take itself for a fresh launch."""
     _set_or_unset(monkeypatch, "MS_ROLE", role)

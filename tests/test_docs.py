@@ -1,10 +1,13 @@
 """The documentation's runnable examples run, and the README starts with the two promised commands."""
+
 import importlib
 import inspect
 import os
 import pkgutil
 import re
 import runpy
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,6 +17,7 @@ def _read(*parts):
         return handle.read()
 
 
+@pytest.mark.slow
 def test_quickstart_model_example_runs(tmp_path, monkeypatch, capsys):
     block = re.findall(r"```python\n(.*?)```", _read("docs", "quickstart.md"), re.S)[0]
     monkeypatch.chdir(tmp_path)
@@ -31,6 +35,7 @@ def test_readme_example_runs():
     assert namespace["model"].train_network.loss_scaling_manager is not None
 
 
+@pytest.mark.slow
 def test_migration_examples_run(tmp_path, capsys):
     """Every lossscale example of the migration guide runs as written and prints what its comments say.
 
@@ -51,9 +56,11 @@ def test_migration_examples_run(tmp_path, capsys):
 def test_readme_starts_with_install_and_run_commands():
     first_block = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)[0].splitlines()
     assert first_block[0].startswith('pip install -e ".[demo]" && python -m lossscale train')
-    assert first_block[1].startswith('pip install -e ".[test]" && python -m pytest')
+    assert first_block[1].startswith('pip install -e ".[test]" && python -m pytest -m "not slow and not reference"')
     ci = _read(".ci", "run")
-    assert 'pip install -q -e ".[test]"' in ci and "python -m pytest" in ci
+    assert 'pip install -q -e ".[test]"' in ci and 'python -m pytest -q -m "$FAST"' in ci
+    assert "FAST='not slow and not reference'" in ci  # the README's command, which CI runs as it is
+    assert 'python -m pytest -q -m "slow or reference"' in ci  # and the rest
 
 
 def test_every_public_name_is_documented():
@@ -68,8 +75,15 @@ def test_every_public_name_is_documented():
 
 
 # Named in api.md with a call but not lossscale's: MindSpore's and Python's names, and call examples.
-_FOREIGN_CALLS = {"EmbeddingLookup", "RuntimeError", "get_lr", "super", "cell", "opt",
-                  "before_backward"}  # an attribute each check object sets in __init__
+_FOREIGN_CALLS = {
+    "EmbeddingLookup",
+    "RuntimeError",
+    "get_lr",
+    "super",
+    "cell",
+    "opt",
+    "before_backward",
+}  # an attribute each check object sets in __init__
 
 
 def _package_names(package):

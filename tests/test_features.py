@@ -1,5 +1,6 @@
 """Training-loop features of the train cell: clipping, accumulation, resume, overflow policy,
 counters, forensics, bad input, and property-based invariants."""
+
 import inspect
 import json
 import logging
@@ -15,6 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from nets import (
+    GradCapture,
+    LossPlusInput,
+    changed_since,
+    regression_batches,
+    regression_net,
+    snapshot,
+    train_calls,
+    training_state,
+)
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -28,8 +39,6 @@ from lossscale import (
 from lossscale.core.clipping import global_norm
 from lossscale.core.policy import run
 from lossscale.training.bookkeeping import INT32_MAX, PersistentOverflowError
-from nets import (GradCapture, LossPlusInput, changed_since, regression_batches, regression_net, snapshot, train_calls,
-                  training_state)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +60,7 @@ def _dynamic(**kwargs):
 
 # ---- 1. clipping ---------------------------------------------------------------------------------
 
+
 def _captured(step, optimizer, batch):
     step(*_tensors(batch))
     return [g.asnumpy().copy() for g in optimizer.captured]
@@ -65,8 +75,9 @@ def test_clipping_applies_to_the_unscaled_gradients():
     clip = true_norm / 4
     net = regression_net()
     opt = GradCapture(net.trainable_params())
-    step = TrainOneStepWithLossScaleCell(net, opt, _dynamic(init_loss_scale=2**14).get_update_cell(),
-                                         clip_global_norm=clip)
+    step = TrainOneStepWithLossScaleCell(
+        net, opt, _dynamic(init_loss_scale=2**14).get_update_cell(), clip_global_norm=clip
+    )
     clipped = _captured(step, opt, batch)
     clipped_norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in clipped))
     assert clipped_norm == pytest.approx(clip, rel=1e-5)
@@ -74,6 +85,7 @@ def test_clipping_applies_to_the_unscaled_gradients():
         np.testing.assert_allclose(got, true * (clip / true_norm), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_clipping_leaves_small_gradients_alone_and_matches_mindspore_clip():
     batch = regression_batches(1)[0]
     net = regression_net()
@@ -96,6 +108,7 @@ def test_clipping_leaves_small_gradients_alone_and_matches_mindspore_clip():
 def test_a_missing_gradient_adds_nothing_to_the_global_norm(compiled):
     """The functional front-ends pass None gradients through, and the GradScaler's check of what reaches step()
     after unscale_() compares global norms: a None entry must not count."""
+
     def norm(grad):
         return global_norm(ops.HyperMap(), (grad, None))
 
@@ -106,8 +119,9 @@ def test_a_missing_gradient_adds_nothing_to_the_global_norm(compiled):
 def test_non_finite_global_norm_is_an_overflow():
     net = regression_net()
     manager = _dynamic()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
-                                         clip_global_norm=1.0)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(), clip_global_norm=1.0
+    )
     before = training_state(step)
     for value in (np.inf, np.nan):
         _, overflow, _ = step(*_tensors(_poisoned(regression_batches(1)[0], value)))
@@ -122,8 +136,14 @@ def test_clipping_through_build_train_network_and_model():
     assert isinstance(step, TrainOneStepWithLossScaleCell) and step.clip_global_norm == 0.5
     assert step.get_loss_scale() == 1.0 and not step.drop_overflow_update
     model_net = nn.Dense(6, 3)
-    model = Model(model_net, nn.MSELoss(), nn.SGD(model_net.trainable_params(), 0.1),
-                  loss_scale_manager=_dynamic(), clip_global_norm=2.0, accumulation_steps=2)
+    model = Model(
+        model_net,
+        nn.MSELoss(),
+        nn.SGD(model_net.trainable_params(), 0.1),
+        loss_scale_manager=_dynamic(),
+        clip_global_norm=2.0,
+        accumulation_steps=2,
+    )
     assert model.train_network.clip_global_norm == 2.0 and model.train_network.accumulation_steps == 2
 
 
@@ -137,6 +157,7 @@ def _recipe_cell(scale_sense):
     def build(net, opt_scale, **options):
         opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=opt_scale)
         return TrainOneStepWithLossScaleCell(net, opt, scale_sense(), drop_overflow_update=False, **options)
+
     return build
 
 
@@ -147,8 +168,13 @@ def _recipe_build_train_network(net, opt_scale, **options):
 
 def _recipe_model(net, opt_scale, **options):
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=opt_scale)
-    return Model(net.backbone_network, nn.MSELoss(), opt, loss_scale_manager=FixedLossScaleManager(_RECIPE_SCALE, False),
-                 **options).train_network
+    return Model(
+        net.backbone_network,
+        nn.MSELoss(),
+        opt,
+        loss_scale_manager=FixedLossScaleManager(_RECIPE_SCALE, False),
+        **options,
+    ).train_network
 
 
 _RECIPE_BUILDERS = {
@@ -168,6 +194,7 @@ _RECIPE_CASES = {
 
 @pytest.mark.parametrize("options, factor", _RECIPE_CASES.values(), ids=_RECIPE_CASES)
 @pytest.mark.parametrize("build", _RECIPE_BUILDERS.values(), ids=_RECIPE_BUILDERS)
+@pytest.mark.slow
 def test_fixed_scale_recipe_clips_and_reports_the_unscaled_gradients(build, options, factor):
     """The optimizer built with loss_scale=S receives scaled gradients: they are clipped by the norm of their
     unscaled values and the reported norm is that norm, so the weights and outputs (overflow, scale, learning rate,
@@ -177,8 +204,10 @@ def test_fixed_scale_recipe_clips_and_reports_the_unscaled_gradients(build, opti
         net = regression_net()
         step = build(net, opt_scale, **options)
         assert step.optimizer_unscales == (opt_scale != 1.0)
-        outputs = [[float(np.asarray(v.asnumpy()).reshape(-1)[0]) for v in step(Tensor(x * factor), Tensor(y))[1:]]
-                   for x, y in regression_batches(4)]
+        outputs = [
+            [float(np.asarray(v.asnumpy()).reshape(-1)[0]) for v in step(Tensor(x * factor), Tensor(y))[1:]]
+            for x, y in regression_batches(4)
+        ]
         runs[opt_scale] = outputs, snapshot(net)
     (outputs, weights), (control_outputs, control_weights) = runs[_RECIPE_SCALE], runs[1.0]
     assert outputs == control_outputs
@@ -190,24 +219,36 @@ def test_fixed_scale_recipe_clips_and_reports_the_unscaled_gradients(build, opti
 
 # ---- 2. accumulation ------------------------------------------------------------------------------
 
+
 def _big_batches(micro_batches, n):
-    return [tuple(np.concatenate(parts) for parts in zip(*micro_batches[i:i + n]))
-            for i in range(0, len(micro_batches), n)]
+    return [
+        tuple(np.concatenate(parts) for parts in zip(*micro_batches[i : i + n]))
+        for i in range(0, len(micro_batches), n)
+    ]
 
 
-@pytest.mark.parametrize("optimizer_factory", [
-    lambda net: nn.Momentum(net.trainable_params(), 0.05, 0.9),
-    lambda net: nn.Adam(net.trainable_params(), 0.01),
-], ids=["momentum", "adam"])
+@pytest.mark.parametrize(
+    "optimizer_factory",
+    [
+        lambda net: nn.Momentum(net.trainable_params(), 0.05, 0.9),
+        lambda net: nn.Adam(net.trainable_params(), 0.01),
+    ],
+    ids=["momentum", "adam"],
+)
+@pytest.mark.slow
 def test_accumulation_equals_one_large_batch(optimizer_factory):
     micro = regression_batches(12, batch=4)
     control_net, accumulating_net = regression_net(), regression_net()
     control = nn.TrainOneStepCell(control_net, optimizer_factory(control_net))
-    step = TrainOneStepWithLossScaleCell(accumulating_net, optimizer_factory(accumulating_net),
-                                         _dynamic(init_loss_scale=2**12).get_update_cell(), accumulation_steps=4)
+    step = TrainOneStepWithLossScaleCell(
+        accumulating_net,
+        optimizer_factory(accumulating_net),
+        _dynamic(init_loss_scale=2**12).get_update_cell(),
+        accumulation_steps=4,
+    )
     for window, big in enumerate(_big_batches(micro, 4)):
         control(*_tensors(big))
-        outputs = [step(*_tensors(b)) for b in micro[4 * window:4 * window + 4]]
+        outputs = [step(*_tensors(b)) for b in micro[4 * window : 4 * window + 4]]
         assert [bool(o[1].asnumpy()) for o in outputs] == [False] * 4
         for name, value in training_state(control).items():
             np.testing.assert_allclose(training_state(step)[name], value, rtol=2e-5, atol=1e-7, err_msg=name)
@@ -218,8 +259,9 @@ def test_overflowing_micro_batch_skips_the_whole_window():
     micro = regression_batches(8, batch=4)
     manager = _dynamic(scale_window=100)
     net = regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
-                                         accumulation_steps=4)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(), accumulation_steps=4
+    )
     before = training_state(step)
     outputs = [step(*_tensors(_poisoned(b) if i == 1 else b)) for i, b in enumerate(micro[:4])]
     assert [bool(o[1].asnumpy()) for o in outputs] == [False, False, False, True]
@@ -234,8 +276,12 @@ def test_overflowing_micro_batch_skips_the_whole_window():
         step(*_tensors(b))
     for name, value in training_state(control).items():
         np.testing.assert_allclose(training_state(step)[name], value, rtol=2e-5, atol=1e-7, err_msg=name)
-    assert step.overflow_counters() == {"steps": 2, "skipped_steps": 1, "consecutive_overflows": 0,
-                                        "last_overflow_step": 1}
+    assert step.overflow_counters() == {
+        "steps": 2,
+        "skipped_steps": 1,
+        "consecutive_overflows": 0,
+        "last_overflow_step": 1,
+    }
 
 
 @pytest.mark.parametrize("micro_batch", [0, 1, 2])
@@ -243,8 +289,9 @@ def test_a_non_finite_loss_in_any_micro_batch_skips_the_whole_window(micro_batch
     """A non-finite loss with finite gradients leaves nothing in the accumulators for the check of the window's mean
     to see: only the window's flag, carried from micro-batch to micro-batch, remembers it at the window's end."""
     net = LossPlusInput()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.5), _dynamic().get_update_cell(),
-                                         accumulation_steps=3)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.5), _dynamic().get_update_cell(), accumulation_steps=3
+    )
     y, offsets = Tensor(np.ones(3, np.float32)), [0.0, 0.0, 0.0]
     offsets[micro_batch] = np.inf
     before = training_state(step)
@@ -257,11 +304,14 @@ def test_a_non_finite_loss_in_any_micro_batch_skips_the_whole_window(micro_batch
 
 # ---- 3. resume in a fresh process -------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_matches_an_uninterrupted_run(tmp_path):
     worker = os.path.join(HERE, "resume_worker.py")
     for mode in ("full", "first", "resume"):
-        done = subprocess.run([sys.executable, worker, mode, str(tmp_path)], capture_output=True, text=True,
-                              timeout=300, check=False)
+        done = subprocess.run(
+            [sys.executable, worker, mode, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
+        )
         assert done.returncode == 0, done.stderr[-2000:]
     full, first, resumed = (json.loads((tmp_path / f"{m}.json").read_text()) for m in ("full", "first", "resume"))
     assert first["flags"] + resumed["flags"] == full["flags"]
@@ -275,21 +325,30 @@ def test_resume_in_a_fresh_process_matches_an_uninterrupted_run(tmp_path):
 
 def test_all_loss_scale_state_is_in_named_parameters():
     net = regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1),
-                                         _dynamic(hysteresis=2).get_update_cell(), accumulation_steps=2)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), _dynamic(hysteresis=2).get_update_cell(), accumulation_steps=2
+    )
     names = {p.name for p in step.get_parameters() if p.name == "scale_sense" or p.name.startswith("loss_scale_")}
-    assert {"scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left", "loss_scale_steps",
-            "loss_scale_skipped_steps", "loss_scale_consecutive_overflows", "loss_scale_last_overflow_step",
-            "loss_scale_micro_step", "loss_scale_window_overflow"} <= names
+    assert {
+        "scale_sense",
+        "loss_scale_good_steps",
+        "loss_scale_hysteresis_left",
+        "loss_scale_steps",
+        "loss_scale_skipped_steps",
+        "loss_scale_consecutive_overflows",
+        "loss_scale_last_overflow_step",
+        "loss_scale_micro_step",
+        "loss_scale_window_overflow",
+    } <= names
 
 
 # ---- 4. persistent-overflow policy ------------------------------------------------------------------
 
+
 def _policy_step(**kwargs):
     net = regression_net()
     manager = kwargs.pop("manager", _dynamic())
-    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(),
-                                         **kwargs)
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), manager.get_update_cell(), **kwargs)
 
 
 def test_raise_after_k_consecutive_overflows():
@@ -313,8 +372,11 @@ def test_raise_when_an_overflow_hits_the_minimum_scale():
         step(*bad)
 
 
-@pytest.mark.parametrize("options", [{"overflow_policy": "raise"}, {"overflow_policy": "warn"},
-                                     {"debug_overflow": True}, {}], ids=["raise", "warn", "forensics", "skip"])
+@pytest.mark.parametrize(
+    "options",
+    [{"overflow_policy": "raise"}, {"overflow_policy": "warn"}, {"debug_overflow": True}, {}],
+    ids=["raise", "warn", "forensics", "skip"],
+)
 def test_host_side_checks_refuse_to_be_compiled_into_another_graph(options):
     """Called inside the user's own mindspore.jit, the cell's __call__ (where the policy and the forensics run)
     was bypassed: a persistent overflow at the minimum scale with overflow_policy='raise' never raised."""
@@ -348,6 +410,7 @@ def test_host_side_checks_refuse_to_be_compiled_into_another_graph(options):
         compiled_after_the_cells_own_calls(*bad)  # the cell's own compile and call ended: refused still
 
 
+@pytest.mark.slow
 def test_warn_once_and_skip_never_complains():
     step = _policy_step(overflow_policy="warn", max_consecutive_overflows=2)
     bad = _tensors(_poisoned(regression_batches(1)[0]))
@@ -371,8 +434,12 @@ def test_counters_saturate_instead_of_wrapping():
     bad = _tensors(_poisoned(regression_batches(1)[0]))
     for _ in range(3):
         step(*bad)
-    assert step.overflow_counters() == {"steps": INT32_MAX, "skipped_steps": INT32_MAX,
-                                        "consecutive_overflows": INT32_MAX, "last_overflow_step": INT32_MAX}
+    assert step.overflow_counters() == {
+        "steps": INT32_MAX,
+        "skipped_steps": INT32_MAX,
+        "consecutive_overflows": INT32_MAX,
+        "last_overflow_step": INT32_MAX,
+    }
 
 
 # ---- 5. observability ---------------------------------------------------------------------------------
@@ -384,8 +451,12 @@ def test_counters_follow_a_known_sequence():
     step = _policy_step()
     for batch, flag in zip(regression_batches(7), KNOWN_OVERFLOWS):
         step(*_tensors(_poisoned(batch) if flag else batch))
-    assert step.overflow_counters() == {"steps": 7, "skipped_steps": 3, "consecutive_overflows": 0,
-                                        "last_overflow_step": 5}
+    assert step.overflow_counters() == {
+        "steps": 7,
+        "skipped_steps": 3,
+        "consecutive_overflows": 0,
+        "last_overflow_step": 5,
+    }
 
 
 def test_an_applied_overflow_is_counted_but_not_skipped():
@@ -401,8 +472,12 @@ def test_an_applied_overflow_is_counted_but_not_skipped():
         assert bool(outputs[1].asnumpy()) == flag
         infs_applied.append(not all(np.isfinite(g.asnumpy()).all() for g in opt.captured))
     assert infs_applied == KNOWN_OVERFLOWS
-    assert step.overflow_counters() == {"steps": 7, "skipped_steps": 0, "consecutive_overflows": 0,
-                                        "last_overflow_step": 5}
+    assert step.overflow_counters() == {
+        "steps": 7,
+        "skipped_steps": 0,
+        "consecutive_overflows": 0,
+        "last_overflow_step": 5,
+    }
 
 
 def test_monitor_reports_device_counters(capsys):
@@ -417,13 +492,19 @@ def test_monitor_reports_device_counters(capsys):
     net = nn.Dense(6, 3)
     monitor = LossScaleMonitor()
     Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01), loss_scale_manager=_dynamic()).train(
-        1, data, callbacks=[monitor])
-    assert monitor.device_counters == {"steps": 4, "skipped_steps": 1, "consecutive_overflows": 0,
-                                       "last_overflow_step": 2}
+        1, data, callbacks=[monitor]
+    )
+    assert monitor.device_counters == {
+        "steps": 4,
+        "skipped_steps": 1,
+        "consecutive_overflows": 0,
+        "last_overflow_step": 2,
+    }
     assert "device counters: 4 optimizer steps, 1 skipped" in capsys.readouterr().out
 
 
 # ---- 6. forensics ----------------------------------------------------------------------------------------
+
 
 class TwoInputs(nn.Cell):
     """``loss = mean(a * x) + mean(b * z)``: d/da = x, d/db = z."""
@@ -439,8 +520,9 @@ class TwoInputs(nn.Cell):
 
 def test_forensics_names_the_parameters_and_the_loss(caplog):
     net = TwoInputs()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
-                                         debug_overflow=True)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(), debug_overflow=True
+    )
     ones3, ones2 = Tensor(np.ones(3, np.float32)), Tensor(np.ones(2, np.float32))
     with caplog.at_level(logging.WARNING, logger="lossscale"):
         step(ones3, Tensor(np.array([1.0, np.nan], np.float32)))
@@ -457,8 +539,13 @@ def test_forensics_with_accumulation_name_every_micro_batch_of_the_window():
     """The flags are ORed over an accumulation window (an overflow in its first micro-batch is still named at its
     end) and start afresh with the next window."""
     net = TwoInputs()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
-                                         debug_overflow=True, accumulation_steps=2)
+    step = TrainOneStepWithLossScaleCell(
+        net,
+        nn.SGD(net.trainable_params(), 0.1),
+        _dynamic().get_update_cell(),
+        debug_overflow=True,
+        accumulation_steps=2,
+    )
     ones3, ones2 = Tensor(np.ones(3, np.float32)), Tensor(np.ones(2, np.float32))
     nan_b, inf_a = Tensor(np.array([1.0, np.nan], np.float32)), Tensor(np.array([np.inf, 1.0, 1.0], np.float32))
     windows = [((ones3, nan_b), (inf_a, ones2)), ((inf_a, ones2), (ones3, ones2)), ((ones3, ones2), (ones3, nan_b))]
@@ -474,8 +561,9 @@ def test_forensics_with_accumulation_name_every_micro_batch_of_the_window():
 
 def test_forensics_with_a_non_finite_loss_only():
     net = LossPlusInput()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(),
-                                         debug_overflow=True)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), _dynamic().get_update_cell(), debug_overflow=True
+    )
     step(Tensor(np.ones(3, np.float32)), Tensor(np.float32(np.inf)))
     assert step.overflow_reports == [{"step": 1, "loss_nonfinite": True, "parameters": []}]
 
@@ -522,8 +610,11 @@ def test_model_checks_every_train_cell_option_with_the_train_cells_defaults():
     """Model's early check reads the option defaults from the train cell's signature (one source of truth)."""
     from lossscale.training.integration import TRAIN_CELL_OPTIONS, _train_cell_defaults
 
-    keyword_only = {name for name, parameter in inspect.signature(TrainOneStepWithLossScaleCell).parameters.items()
-                    if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    keyword_only = {
+        name
+        for name, parameter in inspect.signature(TrainOneStepWithLossScaleCell).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
     assert set(TRAIN_CELL_OPTIONS) == keyword_only - {"drop_overflow_update"}
     assert _train_cell_defaults()["overflow_policy"] == "skip" and _train_cell_defaults()["accumulation_steps"] == 1
 
@@ -614,6 +705,7 @@ class MindoneStatus(StatusOfItsOwn):
     own_status = Tensor([0] * 8, mstype.int32)
 
 
+@pytest.mark.slow
 def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
     """MindSpore's construct body, written against our cell, runs on CPU with our check and update cell: the
     same decisions, scales and (float32) weights as our own construct. It gets what its body calls: no counters.
@@ -628,8 +720,10 @@ def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
         step = cls(net, nn.SGD(net.trainable_params(), 0.05), DynamicLossScaleManager(**policy).get_update_cell())
         runs.append((step, train_calls(step, regression_batches(7), inject={1, 4, 5})))
     (ours, ours_run), (theirs, theirs_run) = runs[:2]
-    assert ours_run[1:] == ([False, True, False, False, True, True, False],
-                            [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
+    assert ours_run[1:] == (
+        [False, True, False, False, True, True, False],
+        [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0],
+    )
     for other, other_run in runs[1:]:
         assert other_run[1:] == ours_run[1:], type(other).__name__
         assert all(np.array_equal(v, training_state(other)[k]) for k, v in training_state(ours).items())
@@ -668,6 +762,7 @@ class ModelZooCell(TrainOneStepWithLossScaleCell):
         return loss, cond, scaling_sens
 
 
+@pytest.mark.slow
 def test_a_model_zoo_subclass_that_assigns_the_update_cell_again_trains_like_the_cell_on_cpu():
     """Building one was nn.Cell's KeyError ("the loss_scaling_manager child cell already exists"). Now it trains with
     its own scale Parameter and our update cell and check: the same decisions, scales and weights as our
@@ -680,10 +775,15 @@ def test_a_model_zoo_subclass_that_assigns_the_update_cell_again_trains_like_the
         step = cls(net, nn.SGD(net.trainable_params(), 0.05), DynamicLossScaleManager(**policy).get_update_cell())
         runs.append((net, step, train_calls(step, regression_batches(7), inject={1, 4, 5})))
     (ours_net, ours, ours_run), (zoo_net, zoo, zoo_run) = runs
-    assert zoo_run[1:] == ours_run[1:] == ([False, True, False, False, True, True, False],
-                                           [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
-    assert all(np.array_equal(a.asnumpy(), b.asnumpy())
-               for a, b in zip(ours_net.trainable_params(), zoo_net.trainable_params()))
+    assert (
+        zoo_run[1:]
+        == ours_run[1:]
+        == ([False, True, False, False, True, True, False], [1024.0, 512.0, 512.0, 1024.0, 512.0, 256.0, 256.0])
+    )
+    assert all(
+        np.array_equal(a.asnumpy(), b.asnumpy())
+        for a, b in zip(ours_net.trainable_params(), zoo_net.trainable_params())
+    )
     assert float(zoo.loss_scale.asnumpy()) == ours.get_loss_scale() == 256.0 and zoo.get_loss_scale() == 1024.0
 
 
@@ -727,8 +827,13 @@ def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itsel
     A subclass that assigns them but runs our construct is refused before anything runs; one without a
     construct of its own still gets the AttributeError."""
     net = regression_net()
-    cell = OwnOptions(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)), drop_overflow_update=drop,
-                      gradient_accumulation_steps=2)
+    cell = OwnOptions(
+        net,
+        nn.SGD(net.trainable_params(), 0.05),
+        Tensor(np.float32(8.0)),
+        drop_overflow_update=drop,
+        gradient_accumulation_steps=2,
+    )
     assert cell.drop_overflow_update is drop and cell.accumulation_steps == 2 and cell.accumulation is False
     _, flags, _ = train_calls(cell, regression_batches(2), inject={1})  # its state checked first: no accumulation
     assert flags == [False, True]
@@ -740,10 +845,13 @@ def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itsel
 
     calling_ours = OwnOptionsCallingOurConstruct(net, nn.SGD(net.trainable_params(), 0.05), Tensor(np.float32(8.0)))
     before = training_state(calling_ours)
-    with pytest.raises(RuntimeError, match=r"assigned accumulation, drop_overflow_update, accumulation_steps after "
-                                           r"TrainOneStepWithLossScaleCell.__init__ and still runs.*scale_sense, "
-                                           r"drop_overflow_update=\.\.\.\)\) \(the accumulation part is built from "
-                                           r"accumulation_steps\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"assigned accumulation, drop_overflow_update, accumulation_steps after "
+        r"TrainOneStepWithLossScaleCell.__init__ and still runs.*scale_sense, "
+        r"drop_overflow_update=\.\.\.\)\) \(the accumulation part is built from "
+        r"accumulation_steps\)",
+    ):
         calling_ours(*map(Tensor, regression_batches(1)[0]))
     assert changed_since(before, calling_ours) == []
 
@@ -764,32 +872,46 @@ class ExtendsOurConstruct(TrainOneStepWithLossScaleCell):
         return ops.cast(loss, mstype.float64), overflow, scale
 
 
-@pytest.mark.parametrize("option, value", [("drop_overflow_update", False), ("accumulation_steps", 2),
-                                           ("overflow_policy", "raise"), ("debug_overflow", True),
-                                           ("extra_outputs", True), ("clip_global_norm", 1.0),
-                                           ("lr_per_micro_batch", True)])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("drop_overflow_update", False),
+        ("accumulation_steps", 2),
+        ("overflow_policy", "raise"),
+        ("debug_overflow", True),
+        ("extra_outputs", True),
+        ("clip_global_norm", 1.0),
+        ("lr_per_micro_batch", True),
+    ],
+)
 def test_each_option_only_our_construct_honours_is_named_when_refused(option, value):
     """Each option that acts only in our construct, alone, refused for a subclass that never runs it (nothing runs)."""
     net = regression_net()
-    body = MindSporeBody(net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(),
-                         **{option: value})
+    body = MindSporeBody(
+        net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(), **{option: value}
+    )
     before = training_state(body)
     with pytest.raises(RuntimeError, match=f"^{option}={value!r} would have no effect"):
         body(*map(Tensor, regression_batches(1)[0]))
     assert changed_since(before, body) == []
 
 
+@pytest.mark.slow
 def test_options_only_our_construct_honours_are_refused_for_a_subclass_that_never_runs_it():
     """clip_global_norm or overflow_policy given to a subclass whose construct never runs ours did nothing, silently
     (MindSporeBody's construct neither clips nor counts). Now a RuntimeError at the first call, naming them, before
     anything runs. A subclass whose construct runs ours (super().construct) gets them: it trains as our cell."""
     options = dict(clip_global_norm=0.01, overflow_policy="warn", max_consecutive_overflows=3)
     net = regression_net()
-    body = MindSporeBody(net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(),
-                         **options)
+    body = MindSporeBody(
+        net, nn.SGD(net.trainable_params(), 0.05), FixedLossScaleManager(8.0).get_update_cell(), **options
+    )
     before = training_state(body)
-    with pytest.raises(RuntimeError, match=r"clip_global_norm=0.01, overflow_policy='warn' would have no effect: "
-                                           r"MindSporeBody.construct does not run TrainOneStepWithLossScaleCell"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"clip_global_norm=0.01, overflow_policy='warn' would have no effect: "
+        r"MindSporeBody.construct does not run TrainOneStepWithLossScaleCell",
+    ):
         body(*map(Tensor, regression_batches(1)[0]))
     assert changed_since(before, body) == []
     runs = []
@@ -804,8 +926,9 @@ def test_options_only_our_construct_honours_are_refused_for_a_subclass_that_neve
 
 # ---- property-based invariants -----------------------------------------------------------------------------
 
-_PROPERTY_POLICY = dict(init_loss_scale=2**6, scale_factor=2, scale_window=2, hysteresis=2, min_loss_scale=2.0,
-                        max_loss_scale=2.0**8)
+_PROPERTY_POLICY = dict(
+    init_loss_scale=2**6, scale_factor=2, scale_window=2, hysteresis=2, min_loss_scale=2.0, max_loss_scale=2.0**8
+)
 
 
 @pytest.fixture(scope="module")
@@ -818,6 +941,7 @@ def property_step():
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flags=st.lists(st.booleans(), min_size=1, max_size=25), bad=st.sampled_from([np.inf, -np.inf, np.nan]))
+@pytest.mark.slow
 def test_invariants_on_random_overflow_sequences(property_step, flags, bad):
     step, manager, initial = property_step
     for parameter in step.get_parameters():
@@ -827,9 +951,9 @@ def test_invariants_on_random_overflow_sequences(property_step, flags, bad):
     for batch, flag, state in zip(batches, flags, expected):
         before = training_state(step)
         _, overflow, scale = step(*_tensors(_poisoned(batch, bad) if flag else batch))
-        assert bool(overflow.asnumpy()) == flag                       # skipped exactly when overflowing
-        assert (changed_since(before, step) == []) == flag            # weights move only on clean steps
+        assert bool(overflow.asnumpy()) == flag  # skipped exactly when overflowing
+        assert (changed_since(before, step) == []) == flag  # weights move only on clean steps
         scale = float(scale.asnumpy())
-        assert scale == state.scale and np.isfinite(scale)            # the policy, step for step
+        assert scale == state.scale and np.isfinite(scale)  # the policy, step for step
         assert _PROPERTY_POLICY["min_loss_scale"] <= scale <= _PROPERTY_POLICY["max_loss_scale"]
     assert step.overflow_counters()["skipped_steps"] == sum(flags)

@@ -6,6 +6,7 @@ parameter, with the scale checked against growth**unskipped * backoff**skipped) 
 GradScaler tests (defaults, getters/setters, state_dict), each eager and under mindspore.jit. Then a
 regression test per defect of the 0.1.0 front-end.
 """
+
 import gc
 import inspect
 import logging
@@ -17,17 +18,34 @@ import weakref
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, mint, nn, ops
-
 from backend_standins import SaturatingNet, StatusRegister
-from lossscale import (DynamicLossScaleUpdateCell, GradScaler, LossScaleOptimizer, TorchGradScaler,
-                       TrainOneStepWithLossScaleCell, get_preset)
-from lossscale.frontends._eager_calls import CompiledCalls
-from lossscale.frontends.optimizer_states import DEFAULT_CAPACITY
+from mindspore import Tensor, mint, nn, ops
+from nets import (
+    Float64Regression,
+    GradCapture,
+    PlainSGD,
+    changed_since,
+    group_optimizer,
+    keras_step,
+    own_names,
+    regression_batches,
+    regression_net,
+    training_state,
+    with_inf,
+)
+
+from lossscale import (
+    DynamicLossScaleUpdateCell,
+    GradScaler,
+    LossScaleOptimizer,
+    TorchGradScaler,
+    TrainOneStepWithLossScaleCell,
+    get_preset,
+)
 from lossscale.core.overflow import AscendSaturationCheck
 from lossscale.core.policy import run
-from nets import (Float64Regression, GradCapture, PlainSGD, changed_since, group_optimizer, keras_step, own_names,
-                  regression_batches, regression_net, training_state, with_inf)
+from lossscale.frontends._eager_calls import CompiledCalls
+from lossscale.frontends.optimizer_states import DEFAULT_CAPACITY
 
 T, F = True, False
 SKIP_ITER = 2
@@ -35,6 +53,7 @@ SKIP_ITER = 2
 
 def _grad_fn(scaler, net, optimizer):
     """``value_and_grad`` of ``scaler.scale(net(*inputs))`` (a network with its loss)."""
+
     def forward(*inputs):
         return scaler.scale(net(*inputs))
 
@@ -75,8 +94,11 @@ def _read(outputs):
 
 def _state_of(cells):
     """training_state of a Cell, or of several (a network and its optimizer) merged."""
-    return {name: value for cell in (cells if isinstance(cells, tuple) else (cells,))
-            for name, value in training_state(cell).items()}
+    return {
+        name: value
+        for cell in (cells if isinstance(cells, tuple) else (cells,))
+        for name, value in training_state(cell).items()
+    }
 
 
 def _same_training_state(a, b, rtol=1e-5, atol=1e-7):
@@ -87,6 +109,7 @@ def _same_training_state(a, b, rtol=1e-5, atol=1e-7):
 
 
 # ---- PyTorch's _run_scaling_case ----------------------------------------------------------------------
+
 
 def _basic(scaler, net, opt):
     grad_fn = _grad_fn(scaler, net, opt)
@@ -160,14 +183,18 @@ def test_run_scaling_case(case, enabled, compiled):
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("optimizer", [
-    lambda params: nn.Adam(params, learning_rate=0.05),
-    # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
-    lambda params: ms.experimental.optim.Adam(params, lr=0.05),
-    lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9),
-    # an LR and an average that follow global_step, which a skipped iteration must not advance
-    lambda params: nn.ASGD(params, learning_rate=0.05, t0=2.0),
-], ids=["adam", "experimental_adam", "mint_sgd", "asgd"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda params: nn.Adam(params, learning_rate=0.05),
+        # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
+        lambda params: ms.experimental.optim.Adam(params, lr=0.05),
+        lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9),
+        # an LR and an average that follow global_step, which a skipped iteration must not advance
+        lambda params: nn.ASGD(params, learning_rate=0.05, t0=2.0),
+    ],
+    ids=["adam", "experimental_adam", "mint_sgd", "asgd"],
+)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
     _, control, scaled = _run_scaling_case("clipping_separate_unscale", True, compiled, optimizer=optimizer)
@@ -175,6 +202,7 @@ def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_a_scheduler_stepped_every_iteration_advances_over_a_skipped_step_as_in_pytorch(compiled):
     """PyTorch's recipe with a learning-rate scheduler: ``scaler.step(optimizer)``, ``scaler.update()``, then
     ``scheduler.step()`` every iteration, skipped or not. A PyTorch-style optimizer with its scheduler trains as
@@ -186,7 +214,8 @@ def test_a_scheduler_stepped_every_iteration_advances_over_a_skipped_step_as_in_
         net = regression_net()
         opt = ms.experimental.optim.SGD(net.trainable_params(), lr=0.1)
         scheduler = ms.experimental.optim.lr_scheduler.LambdaLR(  # MindSpore passes the epoch as a Tensor
-            opt, lambda epoch: rates[min(int(epoch), len(rates) - 1)])
+            opt, lambda epoch: rates[min(int(epoch), len(rates) - 1)]
+        )
         scaler = GradScaler("cuda", init_scale=128.0, growth_interval=1) if scaled else None  # the control has none
         step = _basic(scaler, net, opt) if scaled else _control(net, opt)
         step = ms.jit(step) if compiled else step
@@ -201,11 +230,14 @@ def test_a_scheduler_stepped_every_iteration_advances_over_a_skipped_step_as_in_
     for i, (expected, actual) in enumerate(zip(control, scaled)):
         for name, value in expected.items():
             np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-7, err_msg=f"iteration {i}: {name}")
-    moved = [not all(np.array_equal(before[name], after[name]) for name in before)
-             for before, after in zip(scaled, scaled[1:])]
+    moved = [
+        not all(np.array_equal(before[name], after[name]) for name in before)
+        for before, after in zip(scaled, scaled[1:])
+    ]
     assert moved == [True, False, True, False]  # iterations 1-4: skipped at 2, rate 0 at 4
 
 
+@pytest.mark.slow
 def test_accumulation_over_two_micro_batches():
     """PyTorch's test_grad_scaling_accumulation: scale each micro-loss, step and update once per window."""
     control_net, net = regression_net(), regression_net()
@@ -220,8 +252,9 @@ def test_accumulation_over_two_micro_batches():
             _, grads = scaled_fn(x, y)
             _, grads_control = control_fn(x, y)
             total = grads if total is None else tuple(a + b for a, b in zip(total, grads))
-            total_control = grads_control if total_control is None else tuple(
-                a + b for a, b in zip(total_control, grads_control))
+            total_control = (
+                grads_control if total_control is None else tuple(a + b for a, b in zip(total_control, grads_control))
+            )
         scaler.step(opt, tuple(g / 2 for g in total))
         scaler.update()
         control_opt(tuple(g / 2 for g in total_control))
@@ -231,14 +264,18 @@ def test_accumulation_over_two_micro_batches():
 
 @pytest.mark.lowest
 @pytest.mark.parametrize("condition", [bool, Tensor], ids=["python_bool", "tensor"])
-@pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2},
-                                      {"init_scale": 1024.0, "growth_interval": 2}], ids=["paddle", "torch"])
+@pytest.mark.parametrize(
+    "spelling",
+    [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2}, {"init_scale": 1024.0, "growth_interval": 2}],
+    ids=["paddle", "torch"],
+)
 def test_step_and_update_under_an_if_in_a_compiled_step_train_as_eagerly(spelling, condition):
     """A compiled step that steps and updates only when an argument says so (a Python bool or a bool Tensor; one
     optimizer step per window of calls), computing its gradients itself: step()'s and update()'s writes under
     that `if` reach the scaler as when the function runs eagerly, an inf batch included. (With the gradients
     given as an argument of the compiled function instead, MindSpore 2.10 dropped update()'s writes under such
     an `if`: docs/quickstart.md.)"""
+
     def train(compiled):
         net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
         opt = nn.SGD(net.trainable_params(), 0.1)
@@ -266,13 +303,15 @@ def test_step_and_update_under_an_if_in_a_compiled_step_train_as_eagerly(spellin
 
     eager, compiled = train(False), train(True)
     # The steps are the odd calls; call 3 overflows: PyTorch backs off, Paddle waits for a second bad step.
-    assert [scale for _, scale in eager[0]] == ([1024.0] * 3 + [512.0] * 4 + [1024.0] if "growth_interval" in spelling
-                                                else [1024.0] * 7 + [2048.0])
+    assert [scale for _, scale in eager[0]] == (
+        [1024.0] * 3 + [512.0] * 4 + [1024.0] if "growth_interval" in spelling else [1024.0] * 7 + [2048.0]
+    )
     assert compiled[0] == eager[0]
     assert str(compiled[1]) == str(eager[1])
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_multiple_models_optimizers_and_losses(compiled):
     """PyTorch's test_grad_scaling_multiple: two models, two optimizers, two losses from both outputs; one
     optimizer unscaled separately; inf in model 1's gradient skips optimizer 1 only and backs off once.
@@ -310,7 +349,7 @@ def test_multiple_models_optimizers_and_losses(compiled):
         _, grads = scaled_fn(x, y)
         grads0, grads1 = grads[:2], grads[2:]
         grads1 = (ops.select(poison, ops.full_like(grads1[0], np.inf), grads1[0]), grads1[1])
-        grads0 = scaler.unscale_(grads0, key=0)       # as an additional stress test
+        grads0 = scaler.unscale_(grads0, key=0)  # as an additional stress test
         skipped0 = scaler.step(opts[0], grads0, key=0)
         skipped1 = scaler.step(opts[1], grads1, key=1)
         scaler.update()
@@ -340,6 +379,7 @@ def _run_mode(request):  # not named run_mode: a test that forgot the argument m
     ms.set_context(mode=ms.GRAPH_MODE)
 
 
+@pytest.mark.slow
 def test_gradient_penalty(run_mode):
     """PyTorch's test_grad_scaling_penalty, written as PyTorch's recipe (``inv_scale = 1. / scaler.get_scale()``):
     a penalty on the (unscaled) gradient norm, computed from the scaled loss's gradients, gives the same
@@ -399,10 +439,18 @@ def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
     keras = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=32.0)
 
     def values(one):
-        return (one / torch_scaler.get_scale(), one / paddle_scaler.get_loss_scaling(), one / keras.loss_scale,
-                one / disabled.get_scale(), one / disabled.get_loss_scaling(), one * torch_scaler.get_growth_factor(),
-                one * torch_scaler.get_backoff_factor(), one * torch_scaler.get_growth_interval(),
-                one * paddle_scaler.get_decr_every_n_nan_or_inf(), one * keras.dynamic_counter)
+        return (
+            one / torch_scaler.get_scale(),
+            one / paddle_scaler.get_loss_scaling(),
+            one / keras.loss_scale,
+            one / disabled.get_scale(),
+            one / disabled.get_loss_scaling(),
+            one * torch_scaler.get_growth_factor(),
+            one * torch_scaler.get_backoff_factor(),
+            one * torch_scaler.get_growth_interval(),
+            one * paddle_scaler.get_decr_every_n_nan_or_inf(),
+            one * keras.dynamic_counter,
+        )
 
     compiled = ms.jit(values)
 
@@ -410,11 +458,17 @@ def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
         return [float(value.asnumpy()) for value in function(Tensor(1.0, ms.float32))]
 
     keras.get_scaled_loss(Tensor(1.0, ms.float32))
-    keras.apply_gradients(keras.get_unscaled_gradients((Tensor(np.ones((1, 2), np.float32)),
-                                                        Tensor(np.zeros(1, np.float32)))))  # a clean step
+    keras.apply_gradients(
+        keras.get_unscaled_gradients((Tensor(np.ones((1, 2), np.float32)), Tensor(np.zeros(1, np.float32))))
+    )  # a clean step
     assert read(compiled) == read(values) == [1 / 16, 1 / 8, 1 / 32, 1.0, 1.0, 2.0, 0.5, 2000.0, 2.0, 1.0]
-    assert (torch_scaler.get_scale(), torch_scaler.get_growth_factor(), torch_scaler.get_growth_interval(),
-            paddle_scaler.get_decr_every_n_nan_or_inf(), keras.dynamic_counter) == (16.0, 2.0, 2000, 2, 1)
+    assert (
+        torch_scaler.get_scale(),
+        torch_scaler.get_growth_factor(),
+        torch_scaler.get_growth_interval(),
+        paddle_scaler.get_decr_every_n_nan_or_inf(),
+        keras.dynamic_counter,
+    ) == (16.0, 2.0, 2000, 2, 1)
     assert type(keras.dynamic_counter) is int  # eagerly Python numbers
     torch_scaler.update(new_scale=4.0)
     torch_scaler.set_growth_factor(4.0)
@@ -428,6 +482,7 @@ def test_reads_in_a_compiled_function_follow_the_scale_and_the_rule():
     assert read(compiled) == read(values) == [1 / 4, 1 / 2, 1 / 16, 1.0, 1.0, 4.0, 0.25, 7.0, 3.0, 0.0]
 
 
+@pytest.mark.slow
 def test_scale_will_not_overflow():
     """PyTorch's test_grad_scale_will_not_overflow: init 1e38, growth 16 every step: the scale stays finite."""
     scaler = GradScaler("cuda", growth_interval=1, growth_factor=2.0**4, init_scale=1e38)
@@ -451,10 +506,20 @@ def test_scale_nested_outputs():
     assert [type(o) for o in (outputs, outputs[1], outputs[2], outputs[2][1])] == [tuple, tuple, list, tuple]
 
 
-@pytest.mark.parametrize("outputs, shown", [
-    (2.0, "float 2.0"), (3, "int 3"), (None, "NoneType None"), ("loss", "str 'loss'"), ({"loss": 1}, "dict"),
-    ((Tensor(np.float32(1.0)), 2.0), "float 2.0"), (np.float32(2.0), "float"), (np.ones(2, np.float32), "ndarray")],
-    ids=["float", "int", "None", "str", "dict", "nested_float", "numpy_scalar", "numpy_array"])
+@pytest.mark.parametrize(
+    "outputs, shown",
+    [
+        (2.0, "float 2.0"),
+        (3, "int 3"),
+        (None, "NoneType None"),
+        ("loss", "str 'loss'"),
+        ({"loss": 1}, "dict"),
+        ((Tensor(np.float32(1.0)), 2.0), "float 2.0"),
+        (np.float32(2.0), "float"),
+        (np.ones(2, np.float32), "ndarray"),
+    ],
+    ids=["float", "int", "None", "str", "dict", "nested_float", "numpy_scalar", "numpy_array"],
+)
 @pytest.mark.parametrize("spelling", [(), ("cpu",)], ids=["paddle", "pytorch"])
 def test_scale_refuses_python_values_with_a_clear_error(outputs, shown, spelling):
     """MindSpore's own error names a primitive (``Dtype``), eagerly, and an attribute, under jit; ours names what
@@ -496,27 +561,45 @@ def test_each_spelling_gets_its_framework(args, kwargs, cls, scale, bad_steps_pe
 
 def test_defaults_are_the_frameworks():
     paddle, torch = GradScaler(), GradScaler("cuda")
-    assert (paddle.get_init_loss_scaling(), paddle.get_incr_ratio(), paddle.get_decr_ratio(),
-            paddle.get_incr_every_n_steps(), paddle.get_decr_every_n_nan_or_inf(),
-            paddle.is_use_dynamic_loss_scaling(), paddle.is_enable()) == (32768.0, 2.0, 0.5, 1000, 2, True, True)
-    assert (torch.get_scale(), torch.get_growth_factor(), torch.get_backoff_factor(), torch.get_growth_interval(),
-            torch.is_enabled()) == (65536.0, 2.0, 0.5, 2000, True)
+    assert (
+        paddle.get_init_loss_scaling(),
+        paddle.get_incr_ratio(),
+        paddle.get_decr_ratio(),
+        paddle.get_incr_every_n_steps(),
+        paddle.get_decr_every_n_nan_or_inf(),
+        paddle.is_use_dynamic_loss_scaling(),
+        paddle.is_enable(),
+    ) == (32768.0, 2.0, 0.5, 1000, 2, True, True)
+    assert (
+        torch.get_scale(),
+        torch.get_growth_factor(),
+        torch.get_backoff_factor(),
+        torch.get_growth_interval(),
+        torch.is_enabled(),
+    ) == (65536.0, 2.0, 0.5, 2000, True)
     # the rules: PyTorch backs off on every overflow and has no floor; Paddle after 2 consecutive ones
     assert torch._policy == get_preset("pytorch") and paddle._policy == get_preset("paddle")
 
 
 def test_signatures_show_real_defaults():
-    for cls, expected in ((GradScaler, {"enable": True, "init_loss_scaling": 32768.0, "incr_every_n_steps": 1000}),
-                          (TorchGradScaler, {"device": "cuda", "init_scale": 65536.0, "growth_interval": 2000})):
+    for cls, expected in (
+        (GradScaler, {"enable": True, "init_loss_scaling": 32768.0, "incr_every_n_steps": 1000}),
+        (TorchGradScaler, {"device": "cuda", "init_scale": 65536.0, "growth_interval": 2000}),
+    ):
         signature = inspect.signature(cls)
         assert "object at" not in str(signature)
         assert {name: signature.parameters[name].default for name in expected} == expected
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"enable": True, "enabled": True}, {"init_loss_scaling": 8.0, "init_scale": 8.0},
-    {"incr_ratio": 3.0, "growth_interval": 5}, {"enable": False, "device": "cuda"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"enable": True, "enabled": True},
+        {"init_loss_scaling": 8.0, "init_scale": 8.0},
+        {"incr_ratio": 3.0, "growth_interval": 5},
+        {"enable": False, "device": "cuda"},
+    ],
+)
 def test_mixing_spellings_is_refused(kwargs):
     with pytest.raises(ValueError, match="PyTorch's spelling .* and Paddle's"):
         GradScaler(**kwargs)
@@ -576,6 +659,7 @@ def test_policy_argument_accepts_presets():
 
 # ---- the rule: trajectories and skips, eager and compiled --------------------------------------------------
 
+
 def paddle_rule(flags, scale, incr_n, decr_n):
     """Paddle's dygraph AmpScaler._update, written from its source."""
     scale, incr, decr, out = np.float32(scale), 0, 0, []
@@ -593,16 +677,21 @@ def paddle_rule(flags, scale, incr_n, decr_n):
 
 
 TRAJECTORY_CASES = [  # (constructor, expected scale trajectory for the flags)
-    (lambda: GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2),
-     lambda flags: paddle_rule(flags, 2.0**10, 2, 2)),
-    (lambda: GradScaler("cuda", init_scale=2.0**10, growth_interval=2),
-     lambda flags: [s.scale for s in run(get_preset("pytorch", init_scale=2.0**10, growth_interval=2), flags)]),
+    (
+        lambda: GradScaler(init_loss_scaling=2.0**10, incr_every_n_steps=2),
+        lambda flags: paddle_rule(flags, 2.0**10, 2, 2),
+    ),
+    (
+        lambda: GradScaler("cuda", init_scale=2.0**10, growth_interval=2),
+        lambda flags: [s.scale for s in run(get_preset("pytorch", init_scale=2.0**10, growth_interval=2), flags)],
+    ),
 ]
 FLAGS = [F, T, F, T, T, T, F, F, F]
 
 
 @pytest.mark.parametrize("case", range(len(TRAJECTORY_CASES)), ids=["paddle", "pytorch"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_trajectory_and_skips_follow_the_rule(case, compiled):
     make, expected = TRAJECTORY_CASES[case]
     scaler = make()
@@ -643,6 +732,7 @@ def test_eager_and_compiled_give_identical_training():
         np.testing.assert_array_equal(results[1][1][name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_paddle_fixed_scale_skips_and_update_ends_each_iteration():
     """Steps with inf/nan are skipped at a fixed scale; update() (or minimize) ends the iteration as with a dynamic
     scale (Paddle's step() ends it by itself): a second step() without update() is refused, applying nothing."""
@@ -666,6 +756,7 @@ def test_paddle_fixed_scale_skips_and_update_ends_each_iteration():
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_paddle_fixed_scale_two_optimizers_unscaled_before_their_steps_train_as_the_control(compiled):
     """Paddle's step() at a fixed scale ends the iteration for every optimizer, so the second optimizer's unscaled
     gradients were divided again (a 1/S update); here each optimizer's step applies its own unscaled gradients."""
@@ -692,6 +783,7 @@ def test_paddle_fixed_scale_two_optimizers_unscaled_before_their_steps_train_as_
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("unscale_first", [False, True], ids=["step", "unscale_step"])
+@pytest.mark.slow
 def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
     scaler = GradScaler("cuda", init_scale=64.0)
     net = regression_net()
@@ -721,6 +813,8 @@ def test_non_finite_loss_skips_the_step_and_backs_off(compiled, unscale_first):
 
 # ---- regression tests of the 0.1.0 front-end ---------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_recompiling_and_other_compiled_functions_never_raise():
     """0.1.0 raised 'unscale_() after step()' on any recompilation (its tracker keyed compilations by a
     MindSpore frame id): a last batch of another size, a second jit function, a compile after a failed one."""
@@ -749,12 +843,16 @@ def test_recompiling_and_other_compiled_functions_never_raise():
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("compiled_halves", [(True, False), (False, True), (True, True)],
-                         ids=["unscale_compiled", "step_compiled", "both_compiled"])
+@pytest.mark.parametrize(
+    "compiled_halves",
+    [(True, False), (False, True), (True, True)],
+    ids=["unscale_compiled", "step_compiled", "both_compiled"],
+)
 def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eagerly(compiled_halves):
     """``unscale_`` in one function, clipping in Python, ``step``+``update`` in another, each compiled or not: the
     iteration's state (what was unscaled, what overflowed) is in Parameters, so the halves agree wherever they
     run. Same skips, scales and weights as the all-eager run, with an inf and a nan batch."""
+
     def train(halves):
         scaler = GradScaler("cuda", init_scale=1024.0, growth_interval=2)
         net = regression_net()
@@ -786,6 +884,7 @@ def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eage
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("clamp", ["clip_by_value", "nan_to_num"])
+@pytest.mark.slow
 def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compiled, clamp):
     scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
 
@@ -810,9 +909,13 @@ def test_step_skips_when_unscale_found_inf_even_if_gradients_were_clamped(compil
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("spelling, preset", [({"init_scale": 1024.0}, "pytorch"),
-                                              ({"init_loss_scaling": 1024.0}, "paddle")], ids=["torch", "paddle"])
+@pytest.mark.parametrize(
+    "spelling, preset",
+    [({"init_scale": 1024.0}, "pytorch"), ({"init_loss_scaling": 1024.0}, "paddle")],
+    ids=["torch", "paddle"],
+)
 @pytest.mark.parametrize("bad", [[np.inf, 1.0], [-np.inf, -np.inf]], ids=["one_inf", "all_minus_inf"])
+@pytest.mark.slow
 def test_step_after_unscale_skips_an_overflow_without_a_false_refusal(compiled, spelling, preset, bad):
     """Gradients holding an inf unscale to gradients with the same inf, so the recorded fingerprint of the
     scaled gradients and that of the returned ones were both inf and equal: step() raised "step() got the
@@ -845,15 +948,23 @@ def test_step_after_unscale_skips_an_overflow_without_a_false_refusal(compiled, 
 
 @pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
 @pytest.mark.parametrize("form", ["step_update", "minimize"])
-@pytest.mark.parametrize("spelling", [{"init_loss_scaling": 1024.0},
-                                      {"init_loss_scaling": 1024.0, "use_dynamic_loss_scaling": False},
-                                      {"init_scale": 1024.0}], ids=["paddle", "paddle_fixed", "torch"])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        {"init_loss_scaling": 1024.0},
+        {"init_loss_scaling": 1024.0, "use_dynamic_loss_scaling": False},
+        {"init_scale": 1024.0},
+    ],
+    ids=["paddle", "paddle_fixed", "torch"],
+)
+@pytest.mark.slow
 def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form, keywords):
     """Gradients computed elsewhere (e.g. accumulated eagerly) and passed into a compiled step: with Paddle's
     spelling step() and minimize() failed to compile ("Cannot join the return values of different branches",
     MindSpore 2.10) because step() recorded its decision and then, for a fixed scale, reset the iteration in a
     second table write. The same error came back with the arguments given by keyword (optimizer=..., grads=...):
     MindSpore folded the unscaling of the constant gradients inside step()'s branch into (0, 0)."""
+
     def train(compiled):
         net = nn.Dense(2, 1, weight_init="ones", bias_init="zeros")
         opt = nn.SGD(net.trainable_params(), 0.1)
@@ -875,8 +986,12 @@ def test_gradients_given_to_a_compiled_function_train_as_eagerly(spelling, form,
             scaler.update()
             return skipped
 
-        apply = {("minimize", False): minimize, ("minimize", True): minimize_by_keyword,
-                 ("step_update", False): step_update, ("step_update", True): step_update_by_keyword}[form, keywords]
+        apply = {
+            ("minimize", False): minimize,
+            ("minimize", True): minimize_by_keyword,
+            ("step_update", False): step_update,
+            ("step_update", True): step_update_by_keyword,
+        }[form, keywords]
         apply = ms.jit(apply) if compiled else apply
         skips = []
         for weight_grad in ([[1.0, 2.0]], [[np.inf, 1.0]], [[3.0, 1.0]]):
@@ -913,6 +1028,7 @@ def _front_end(kind):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("kind", ["torch", "paddle", "keras"])
+@pytest.mark.slow
 def test_a_batch_dropped_after_a_non_finite_loss_leaves_no_trace(kind, compiled):
     """The usual guard "loss not finite: skip this batch" (no step, no update). The front-ends recorded the
     non-finite loss, so the next, clean step was skipped and the scale backed off; PyTorch, Paddle and Keras
@@ -932,6 +1048,7 @@ def test_a_batch_dropped_after_a_non_finite_loss_leaves_no_trace(kind, compiled)
 
 
 @pytest.mark.parametrize("kind", ["torch", "paddle", "keras"])
+@pytest.mark.slow
 def test_nan_gradients_given_as_a_plain_tuple_are_skipped(kind):
     """A plain tuple of Tensors given to a compiled function (or, for LossScaleOptimizer, to its apply Cell from
     Python) is a compile-time constant, and MindSpore 2.10's constant folding turned the check of
@@ -947,6 +1064,7 @@ def test_nan_gradients_given_as_a_plain_tuple_are_skipped(kind):
             assert net.weight.asnumpy().tolist() == [[1.0, 1.0]] and net.bias.asnumpy().tolist() == [0.0]
 
 
+@pytest.mark.slow
 def test_loss_scale_optimizer_called_from_python_compiles_once():
     """From Python its apply Cell got the gradients as a constant tuple: a compilation per call (0.3 s here)."""
     net = nn.Dense(2, 1)
@@ -972,8 +1090,12 @@ class _CastNet(nn.Cell):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("param_dtype, cast_to", [(np.float16, ms.float32), (np.float32, ms.float16)],
-                         ids=["float16_params_cast_to_float32", "float32_params_cast_to_float16"])
+@pytest.mark.parametrize(
+    "param_dtype, cast_to",
+    [(np.float16, ms.float32), (np.float32, ms.float16)],
+    ids=["float16_params_cast_to_float32", "float32_params_cast_to_float16"],
+)
+@pytest.mark.slow
 def test_gradients_cast_after_unscale_are_stepped_once_unscaled(param_dtype, cast_to, compiled):
     """Gradients cast between unscale_() and step() (to float32 for clipping, say) had another structure
     signature, so step() took them for another optimizer's and divided them by the scale again: a 1/S-times
@@ -998,10 +1120,12 @@ def test_gradients_cast_after_unscale_are_stepped_once_unscaled(param_dtype, cas
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+@pytest.mark.slow
 def test_gradients_edited_as_a_list_are_applied_as_the_tuple(enabled, compiled):
     """``grads = list(scaler.unscale_(grads)); grads[0] = clip(grads[0])``, then ``step(opt, grads)``: MindSpore's
     optimizers take tuples only ("the types of arguments in HyperMap must be consistent"), and the step had
     already been recorded. Now applied as the tuple would be: the same weights as the tuple control."""
+
     def run(as_list):
         net = regression_net()
         opt = nn.SGD(net.trainable_params(), 0.05)
@@ -1025,6 +1149,7 @@ def test_gradients_edited_as_a_list_are_applied_as_the_tuple(enabled, compiled):
         np.testing.assert_array_equal(ours, control)
 
 
+@pytest.mark.slow
 def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_refused():
     """A documented limitation (docs/migration.md): with explicit keys and identical parameter shapes, step() of
     an optimizer that was not unscaled is refused while another key's gradients are unscaled and not yet
@@ -1033,8 +1158,7 @@ def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_r
     nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros") for _ in range(2)]
     opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
     scaler = GradScaler("cuda", init_scale=1024.0)
-    grads = [(Tensor(np.full((1, 2), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
-             for k in (1, 2)]
+    grads = [(Tensor(np.full((1, 2), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32))) for k in (1, 2)]
     unscaled_a = scaler.unscale_(grads[0], key="a")
     with pytest.raises(RuntimeError, match="shaped like the ones unscale_\\(\\) returned for another key"):
         scaler.step(opts[1], grads[1], key="b")
@@ -1047,16 +1171,22 @@ def test_with_identical_shapes_a_step_between_another_keys_unscale_and_step_is_r
 
 
 @pytest.mark.parametrize("keys", [("a", "b"), (None, None)], ids=["keys", "structures"])
+@pytest.mark.slow
 def test_a_step_without_unscale_beside_another_keys_unscaled_gradients_of_other_shapes_is_applied(keys):
     """The refusal above is for identical shapes only: gradients of other shapes cannot be the ones unscale_()
     returned for the other key, so step() unscales them and applies them (PyTorch's order is accepted). Without
     keys (PyTorch's code), each gradient structure is its own optimizer's record."""
     key_a, key_b = keys
-    nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros"), nn.Dense(3, 1, weight_init="ones", bias_init="zeros")]
+    nets = [
+        nn.Dense(2, 1, weight_init="ones", bias_init="zeros"),
+        nn.Dense(3, 1, weight_init="ones", bias_init="zeros"),
+    ]
     opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
     scaler = GradScaler("cuda", init_scale=1024.0)
-    grads = [(Tensor(np.full((1, width), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
-             for k, width in ((1, 2), (2, 3))]
+    grads = [
+        (Tensor(np.full((1, width), 1024.0 * k, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
+        for k, width in ((1, 2), (2, 3))
+    ]
     unscaled_a = scaler.unscale_(grads[0], key=key_a)
     assert not bool(scaler.step(opts[1], grads[1], key=key_b).asnumpy())
     assert not bool(scaler.step(opts[0], unscaled_a, key=key_a).asnumpy())
@@ -1065,10 +1195,14 @@ def test_a_step_without_unscale_beside_another_keys_unscaled_gradients_of_other_
     assert nets[1].weight.asnumpy().tolist() == [[0.800000011920929] * 3]
 
 
+@pytest.mark.slow
 def test_an_overflow_is_forgotten_at_update_by_an_optimizer_that_sits_out_the_next_iteration():
     """PyTorch resets every optimizer's record at update(): an optimizer whose gradients overflowed, and that
     does not step in the next iteration, does not make that iteration back off again."""
-    nets = [nn.Dense(2, 1, weight_init="ones", bias_init="zeros"), nn.Dense(3, 1, weight_init="ones", bias_init="zeros")]
+    nets = [
+        nn.Dense(2, 1, weight_init="ones", bias_init="zeros"),
+        nn.Dense(3, 1, weight_init="ones", bias_init="zeros"),
+    ]
     opts = [nn.SGD(net.trainable_params(), 0.1) for net in nets]
     scaler = GradScaler("cuda", init_scale=1024.0)
     clean = (Tensor(np.full((1, 2), 1024.0, np.float32)), Tensor(np.full(1, 1024.0, np.float32)))
@@ -1082,6 +1216,7 @@ def test_an_overflow_is_forgotten_at_update_by_an_optimizer_that_sits_out_the_ne
     assert scaler.get_scale() == 512.0
     # 1 - 0.1 * 1024 / 1024, then - 0.1 * 1024 / 512: each step unscaled by the scale it was scaled with
     np.testing.assert_allclose(nets[0].weight.asnumpy(), [[0.7, 0.7]], rtol=1e-6)
+
 
 def _misuse_cases(scaler, opt, grad_fn):
     def dropped_returned_gradients(x, y):
@@ -1117,8 +1252,10 @@ def _misuse_cases(scaler, opt, grad_fn):
 
     # Two optimizers over the network's first and last two parameters, fed from one value_and_grad (for a network
     # with four).
-    first, last = (own_names(nn.SGD(opt.parameters[part], 0.05), name) if len(opt.parameters) == 4 else None
-                   for part, name in ((slice(0, 2), "first"), (slice(2, None), "last")))
+    first, last = (
+        own_names(nn.SGD(opt.parameters[part], 0.05), name) if len(opt.parameters) == 4 else None
+        for part, name in ((slice(0, 2), "first"), (slice(2, None), "last"))
+    )
 
     def unscaled_together_then_stepped_in_slices(x, y):
         _, grads = grad_fn(x, y)
@@ -1143,22 +1280,36 @@ def _misuse_cases(scaler, opt, grad_fn):
         return scaler.unscale_(grads)
 
     larger = "larger global norm than the ones unscale_"
-    return {"dropped_returned_gradients": (dropped_returned_gradients, "scaled gradients that unscale_"),
-            "dropped_returned_gradients_then_clipped": (dropped_returned_gradients_then_clipped, larger),
-            "dropped_returned_gradients_then_clamped": (dropped_returned_gradients_then_clamped, larger),
-            "mismatched_keys": (mismatched_keys, "shaped like the ones unscale_"),
-            "unscaled_together_then_stepped_in_slices": (unscaled_together_then_stepped_in_slices,
-                                                         "shaped like the ones unscale_"),
-            "unscaled_in_slices_then_stepped_together": (unscaled_in_slices_then_stepped_together,
-                                                         "shaped like the ones unscale_"),
-            "unscale_twice": (unscale_twice, r"unscale_\(\) has already been called"),
-            "step_twice": (step_twice, r"step\(\) has already been called since the last update"),
-            "unscale_after_step": (unscale_after_step, r"unscale_\(\) is being called after step")}
+    return {
+        "dropped_returned_gradients": (dropped_returned_gradients, "scaled gradients that unscale_"),
+        "dropped_returned_gradients_then_clipped": (dropped_returned_gradients_then_clipped, larger),
+        "dropped_returned_gradients_then_clamped": (dropped_returned_gradients_then_clamped, larger),
+        "mismatched_keys": (mismatched_keys, "shaped like the ones unscale_"),
+        "unscaled_together_then_stepped_in_slices": (
+            unscaled_together_then_stepped_in_slices,
+            "shaped like the ones unscale_",
+        ),
+        "unscaled_in_slices_then_stepped_together": (
+            unscaled_in_slices_then_stepped_together,
+            "shaped like the ones unscale_",
+        ),
+        "unscale_twice": (unscale_twice, r"unscale_\(\) has already been called"),
+        "step_twice": (step_twice, r"step\(\) has already been called since the last update"),
+        "unscale_after_step": (unscale_after_step, r"unscale_\(\) is being called after step"),
+    }
 
 
-MISUSES = ["dropped_returned_gradients", "dropped_returned_gradients_then_clipped",
-           "dropped_returned_gradients_then_clamped", "mismatched_keys", "unscaled_together_then_stepped_in_slices",
-           "unscaled_in_slices_then_stepped_together", "unscale_twice", "step_twice", "unscale_after_step"]
+MISUSES = [
+    "dropped_returned_gradients",
+    "dropped_returned_gradients_then_clipped",
+    "dropped_returned_gradients_then_clamped",
+    "mismatched_keys",
+    "unscaled_together_then_stepped_in_slices",
+    "unscaled_in_slices_then_stepped_together",
+    "unscale_twice",
+    "step_twice",
+    "unscale_after_step",
+]
 
 
 @pytest.mark.lowest
@@ -1180,6 +1331,7 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_two_optimizers_clipped_together_train_as_the_control(compiled):
     """The recipe the slice refusals point to: unscale_() each optimizer's own gradients, clip them together, step
     each optimizer with its part; equal to unscale, clip, apply without scaling."""
@@ -1206,6 +1358,7 @@ def test_two_optimizers_clipped_together_train_as_the_control(compiled):
     _same_training_state(control_net, net)
 
 
+@pytest.mark.slow
 def test_an_eager_step_compiled_before_a_related_structure_was_seen_refuses_it():
     """Called from Python, step() of a slice compiles once per structure: unscale_() of the whole tuple, first seen
     after that compilation, is still refused before anything is applied (checked on the host)."""
@@ -1221,6 +1374,7 @@ def test_an_eager_step_compiled_before_a_related_structure_was_seen_refuses_it()
     assert changed_since(before, net) == []
 
 
+@pytest.mark.slow
 def test_a_refused_call_changes_nothing_and_the_iteration_goes_on():
     """A refused unscale_() leaves the record of the accepted one: the iteration's overflow (found by the first
     unscale_) still skips the step, and a refused unscale_() after step() does not reopen the iteration to a
@@ -1259,8 +1413,12 @@ def _unscale_then_step(scaler, net, opt):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("spelling", [{"init_scale": 1.0}, {"init_loss_scaling": 1.0, "use_dynamic_loss_scaling": False}],
-                         ids=["torch", "paddle_fixed"])
+@pytest.mark.parametrize(
+    "spelling",
+    [{"init_scale": 1.0}, {"init_loss_scaling": 1.0, "use_dynamic_loss_scaling": False}],
+    ids=["torch", "paddle_fixed"],
+)
+@pytest.mark.slow
 def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled):
     """At scale 1 the gradients unscale_() returns are the very values it was given, so step() must not take them
     for the still-scaled gradients (unscale_() to inspect or log the gradients, then step(), PyTorch's recipe)."""
@@ -1278,6 +1436,7 @@ def test_unscale_then_step_at_scale_one_trains_as_the_control(spelling, compiled
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_unscale_then_step_with_all_zero_gradients_is_not_refused(compiled):
     """All-zero gradients (a loss already at its minimum) are the same scaled and unscaled: step() after unscale_()
     must not take them for the scaled gradients unscale_() was given."""
@@ -1328,12 +1487,19 @@ def _raised_beyond_the_slack(grads):
 # the global norm (a float16 round trip only by its rounding, and on these batches it does), so none may be refused
 # by the check that catches the scaled gradients clipped; nor a norm raised within the check's slack. (Functions,
 # not lambdas: MindSpore's compiler cannot parse a lambda inside a dict.)
-NORM_KEEPING = {"clamp": _clamped, "centralize": _centralized, "average": _averaged, "mask": _masked,
-                "float16": _float16_round_trip, "within_slack": _raised_within_the_slack}
+NORM_KEEPING = {
+    "clamp": _clamped,
+    "centralize": _centralized,
+    "average": _averaged,
+    "mask": _masked,
+    "float16": _float16_round_trip,
+    "within_slack": _raised_within_the_slack,
+}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("transform", sorted(NORM_KEEPING))
+@pytest.mark.slow
 def test_changes_between_unscale_and_step_that_keep_the_norm_train_as_a_control(transform, compiled):
     change = NORM_KEEPING[transform]
     scaler = GradScaler("cuda", init_scale=1024.0)
@@ -1355,6 +1521,7 @@ def test_changes_between_unscale_and_step_that_keep_the_norm_train_as_a_control(
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_gradients_raised_beyond_the_norm_slack_after_unscale_are_refused(compiled):
     """The refusal of scaled gradients changed after unscale_() compares global norms with a slack of 1.01 (for
     float16 rounding): 1.02 times the unscaled gradients is refused before anything is applied, 1.005 times trains
@@ -1373,6 +1540,7 @@ def test_gradients_raised_beyond_the_norm_slack_after_unscale_are_refused(compil
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
     """Their fingerprint was 0, so the refusal never fired and S-times gradients were applied."""
     scaler = GradScaler("cuda", init_scale=1024.0)
@@ -1388,6 +1556,7 @@ def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_step_skips_gradients_made_non_finite_after_a_clean_unscale(compiled):
     """A deliberate difference (docs/migration.md): PyTorch applies them (its
     test_params_invalidated_with_grads_invalidated_between_unscale_and_step sees the weights become nan). Here step()
@@ -1410,6 +1579,7 @@ def test_step_skips_gradients_made_non_finite_after_a_clean_unscale(compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_a_refused_step_of_a_fixed_paddle_scaler_leaves_its_iteration_open(compiled):
     """With Paddle's fixed scale, step() itself ends the iteration (update() does nothing then). A refused step()
     must not: the corrected step() of the same iteration takes its gradients as the unscaled ones unscale_()
@@ -1436,6 +1606,7 @@ def test_a_refused_step_of_a_fixed_paddle_scaler_leaves_its_iteration_open(compi
     _same_training_state((net, opt), (control_net, control_opt))
 
 
+@pytest.mark.slow
 def test_correct_use_right_after_a_refused_one():
     scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=1024.0)
     function, _ = _misuse_cases(scaler, opt, grad_fn)["dropped_returned_gradients"]
@@ -1451,6 +1622,7 @@ def test_correct_use_right_after_a_refused_one():
 def _gradient_calls(torch_scaler, paddle_scaler, keras, opt):
     """Each front-end call where the gradients go, as a function of what is given there, with the argument name
     the error must give."""
+
     def unscale_(grad):
         return torch_scaler.unscale_(grad)
 
@@ -1469,9 +1641,14 @@ def _gradient_calls(torch_scaler, paddle_scaler, keras, opt):
     def call(grad):
         return keras(grad)
 
-    return {"unscale_": (unscale_, "grads"), "step": (step, "grads"), "minimize": (minimize, "grads"),
-            "apply_gradients": (apply_gradients, "grads_and_vars"),
-            "get_unscaled_gradients": (get_unscaled_gradients, "grads"), "call": (call, "grads")}
+    return {
+        "unscale_": (unscale_, "grads"),
+        "step": (step, "grads"),
+        "minimize": (minimize, "grads"),
+        "apply_gradients": (apply_gradients, "grads_and_vars"),
+        "get_unscaled_gradients": (get_unscaled_gradients, "grads"),
+        "call": (call, "grads"),
+    }
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -1553,12 +1730,16 @@ def test_no_gradients_at_all_are_refused(compiled, call):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("entry, shown", [(np.ones(1, np.float32), "ndarray"),
-                                          ((Tensor(np.ones(1, np.float32)),), "a tuple: give the weights' gradients")],
-                         ids=["numpy", "nested"])
-@pytest.mark.parametrize("call, pairs", [(call, False) for call in ("unscale_", "step", "minimize", "apply_gradients",
-                                                                     "get_unscaled_gradients", "call")]
-                         + [("apply_gradients", True), ("call", True)])  # Keras' (gradient, variable) pairs
+@pytest.mark.parametrize(
+    "entry, shown",
+    [(np.ones(1, np.float32), "ndarray"), ((Tensor(np.ones(1, np.float32)),), "a tuple: give the weights' gradients")],
+    ids=["numpy", "nested"],
+)
+@pytest.mark.parametrize(
+    "call, pairs",
+    [(call, False) for call in ("unscale_", "step", "minimize", "apply_gradients", "get_unscaled_gradients", "call")]
+    + [("apply_gradients", True), ("call", True)],
+)  # Keras' (gradient, variable) pairs
 def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, entry, shown, call, pairs):
     """A NumPy array, or gradients nested one level too deep (the bias's entry here; mindspore.value_and_grad with
     grad_position and weights returns (inputs' gradients, weights' gradients)): a TypeError naming the argument
@@ -1570,8 +1751,13 @@ def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, e
     def pairs_of(parameters):
         return tuple(zip(grads, parameters))
 
-    _refused_before_anything_happens(call, pairs_of if pairs else grads, compiled, TypeError,
-                                     "'{argument}\\[1\\]' must be a gradient Tensor, but got " + shown)
+    _refused_before_anything_happens(
+        call,
+        pairs_of if pairs else grads,
+        compiled,
+        TypeError,
+        "'{argument}\\[1\\]' must be a gradient Tensor, but got " + shown,
+    )
 
 
 class _FailsOnce:
@@ -1587,8 +1773,10 @@ class _FailsOnce:
         return self.inner(grads)
 
 
-@pytest.mark.parametrize("spelling, unscale_first", [("torch", False), ("paddle", True)],
-                         ids=["torch_step", "paddle_unscale_then_step"])
+@pytest.mark.parametrize(
+    "spelling, unscale_first", [("torch", False), ("paddle", True)], ids=["torch_step", "paddle_unscale_then_step"]
+)
+@pytest.mark.slow
 def test_a_step_whose_optimizer_raised_can_be_called_again(spelling, unscale_first):
     """Called from Python, an optimizer that raises inside step() leaves the iteration as it was before that
     step() (as PyTorch, which records a step only once its optimizer returned): the retry applies the step and
@@ -1596,8 +1784,11 @@ def test_a_step_whose_optimizer_raised_can_be_called_again(spelling, unscale_fir
     as a second step and update() counted an iteration whose step never happened)."""
     runs = []
     for flaky in (False, True):
-        scaler = GradScaler("cpu", init_scale=8.0, growth_interval=1) if spelling == "torch" else GradScaler(
-            init_loss_scaling=8.0, incr_every_n_steps=1)
+        scaler = (
+            GradScaler("cpu", init_scale=8.0, growth_interval=1)
+            if spelling == "torch"
+            else GradScaler(init_loss_scaling=8.0, incr_every_n_steps=1)
+        )
         net = regression_net()
         inner = nn.SGD(net.trainable_params(), 0.1)
         optimizer = _FailsOnce(inner) if flaky else inner
@@ -1645,8 +1836,13 @@ def test_sparse_gradients_are_refused_saying_so(compiled, call):
     applied or recorded. The same tuple given to a compiled function is refused alike. (A RowTensor made inside
     a compiled function fails MindSpore's compiling: migration.md.)"""
     sparse = _eager_sparse_gradient()
-    _refused_before_anything_happens(call, (Tensor(np.ones((1, 1), np.float32)), sparse), compiled, TypeError,
-                                     "'{argument}\\[1\\]' is a sparse gradient .*Use nn.Embedding")
+    _refused_before_anything_happens(
+        call,
+        (Tensor(np.ones((1, 1), np.float32)), sparse),
+        compiled,
+        TypeError,
+        "'{argument}\\[1\\]' is a sparse gradient .*Use nn.Embedding",
+    )
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
@@ -1655,6 +1851,7 @@ def test_gradients_of_inputs_and_weights_together_are_refused(compiled, call):
     """What mindspore.value_and_grad with grad_position=0 and weights returns, (inputs' gradients, weights'
     gradients), passed whole: a TypeError saying to pass the second (the LossScaleOptimizer, which takes Keras'
     pairs, read it as pairs and failed with an IndexError), before anything is applied or recorded."""
+
     def nested(parameters):
         return (Tensor(np.ones((2, 1), np.float32)),), tuple(Tensor(np.ones(p.shape, np.float32)) for p in parameters)
 
@@ -1664,6 +1861,7 @@ def test_gradients_of_inputs_and_weights_together_are_refused(compiled, call):
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("call", ["step", "minimize"])
 @pytest.mark.parametrize("weight_decay", [0.01, 0.0], ids=["decay", "no_decay"])
+@pytest.mark.slow
 def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call, weight_decay):
     """Gradients taken in the network's order for an optimizer that lists its groups in turn. Eagerly a ValueError
     naming the shapes (was MindSpore's 'For AddN, input shape must be same' (weight decay) or a kernel's shape
@@ -1685,11 +1883,14 @@ def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(c
         def step(a, b):
             _, grads = grad_fn(a, b)
             return scaler.step(opt, grads) if call == "step" else scaler.minimize(opt, grads)
+
         return ms.jit(step) if compiled else step
 
     before = training_state(net)
-    pattern = (r"'grads' must hold one gradient per parameter of the optimizer, in the order of optimizer.parameters "
-               r".*\(8, 6\), \(8,\), \(3, 8\), \(3,\)")
+    pattern = (
+        r"'grads' must hold one gradient per parameter of the optimizer, in the order of optimizer.parameters "
+        r".*\(8, 6\), \(8,\), \(3, 8\), \(3,\)"
+    )
     with pytest.raises((ValueError, RuntimeError), match=r"shape|resize failed" if compiled else pattern):
         _read(apply(network_order)(x, y))
     assert changed_since(before, net) == []
@@ -1743,10 +1944,14 @@ def _loss_scale_optimizer(net):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("make_bad, pattern", [
-    (_without_parameters, "'optimizer' must hold its Parameters in 'parameters'"),
-    (_loss_scale_optimizer, "'optimizer' is a LossScaleOptimizer.*give the GradScaler its inner_optimizer"),
-], ids=["without_parameters", "loss_scale_optimizer"])
+@pytest.mark.parametrize(
+    "make_bad, pattern",
+    [
+        (_without_parameters, "'optimizer' must hold its Parameters in 'parameters'"),
+        (_loss_scale_optimizer, "'optimizer' is a LossScaleOptimizer.*give the GradScaler its inner_optimizer"),
+    ],
+    ids=["without_parameters", "loss_scale_optimizer"],
+)
 def test_an_optimizer_step_cannot_use_is_refused_by_name_before_anything_is_recorded(make_bad, pattern, compiled):
     """Without ``parameters``: "The 'X' object has no attribute 'parameters'" from inside step() (compiled: a
     ClassMember error). A LossScaleOptimizer: its scale made the refusal say "Build it without 'loss_scale'", an
@@ -1767,16 +1972,25 @@ def test_an_optimizer_step_cannot_use_is_refused_by_name_before_anything_is_reco
     assert not bool(_read(step(good, grads)).asnumpy())  # the same iteration's step is not refused as a second one
 
 
-@pytest.mark.parametrize("change, flags, expected", [
-    (lambda s: s.set_growth_interval(1), [F, F], [4096.0, 8192.0]),
-    (lambda s: s.set_backoff_factor(0.25), [T, F], [512.0, 512.0]),
-    (lambda s: s.set_growth_factor(4.0), [F, F, F], [2048.0, 8192.0, 8192.0]),
-    (lambda s: s.set_init_loss_scaling(64.0), [F], [64.0]),
-    (lambda s: s.load_state_dict({"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2,
-                                  "_growth_tracker": 1}), [F, F], [64.0, 64.0]),
-], ids=["set_growth_interval", "set_backoff_factor", "set_growth_factor", "set_init_loss_scaling",
-        "load_state_dict"])
+@pytest.mark.parametrize(
+    "change, flags, expected",
+    [
+        (lambda s: s.set_growth_interval(1), [F, F], [4096.0, 8192.0]),
+        (lambda s: s.set_backoff_factor(0.25), [T, F], [512.0, 512.0]),
+        (lambda s: s.set_growth_factor(4.0), [F, F, F], [2048.0, 8192.0, 8192.0]),
+        (lambda s: s.set_init_loss_scaling(64.0), [F], [64.0]),
+        (
+            lambda s: s.load_state_dict(
+                {"scale": 32.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2, "_growth_tracker": 1}
+            ),
+            [F, F],
+            [64.0, 64.0],
+        ),
+    ],
+    ids=["set_growth_interval", "set_backoff_factor", "set_growth_factor", "set_init_loss_scaling", "load_state_dict"],
+)
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_settings_reach_a_step_compiled_before_them(change, flags, expected, compiled):
     """Eagerly the scaler's own calls are compiled at their first call too (lossscale.frontends._eager_calls)."""
     scaler = GradScaler("cuda", init_scale=2048.0, growth_interval=3)
@@ -1796,6 +2010,7 @@ def test_settings_reach_a_step_compiled_before_them(change, flags, expected, com
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_switching_fixed_and_dynamic_reaches_a_compiled_step(compiled):
     """A switch takes effect in a step compiled before it; while fixed, the counters stand still (Paddle's
     update() returns before counting), so a clean step neither counts towards the next growth nor an overflow
@@ -1844,10 +2059,12 @@ class _Float16Regression(nn.Cell):
 def _one_rule_runs(policy, batches, weight):
     """The train cell, a GradScaler and a LossScaleOptimizer, each with ``policy``, trained on ``batches`` (one
     compiled step each): ``{front end: ([(skipped, scale after the step)], weight)}``."""
+
     def train_cell():
         net = _Float16Regression(weight)
-        step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
-                                             DynamicLossScaleUpdateCell.from_policy(policy))
+        step = TrainOneStepWithLossScaleCell(
+            net, nn.SGD(net.trainable_params(), 0.01), DynamicLossScaleUpdateCell.from_policy(policy)
+        )
         return net, step, step.get_loss_scale, lambda outputs: outputs[1]
 
     def grad_scaler():
@@ -1869,8 +2086,11 @@ def _one_rule_runs(policy, batches, weight):
         return net, ms.jit(keras_step(net, opt)), lambda: float(opt.loss_scale.asnumpy()), lambda skipped: skipped
 
     runs = {}
-    for name, build in (("train_cell", train_cell), ("grad_scaler", grad_scaler),
-                        ("loss_scale_optimizer", loss_scale_optimizer)):
+    for name, build in (
+        ("train_cell", train_cell),
+        ("grad_scaler", grad_scaler),
+        ("loss_scale_optimizer", loss_scale_optimizer),
+    ):
         net, step, scale, skipped_of = build()
         trajectory = [(bool(skipped_of(step(Tensor(x), Tensor(y))).asnumpy()), scale()) for x, y in batches]
         runs[name] = (trajectory, net.dense.weight.asnumpy())
@@ -1878,8 +2098,13 @@ def _one_rule_runs(policy, batches, weight):
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("preset, overrides", [("pytorch", dict(init_scale=2.0**14, growth_interval=3)),
-                                               ("megatron", dict(init_scale=2.0**14, growth_interval=2))])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("pytorch", dict(init_scale=2.0**14, growth_interval=3)),
+        ("megatron", dict(init_scale=2.0**14, growth_interval=2)),
+    ],
+)
 def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overrides):
     """One core under every front-end: a float16 model whose backward overflows on its own (large inputs, no
     injected inf) trained by the train cell, a GradScaler and a LossScaleOptimizer with the same rule skips the
@@ -1887,8 +2112,10 @@ def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overri
     policy = get_preset(preset, **overrides)
     rng = np.random.RandomState(0)
     weight = (rng.randn(4, 8) * 0.5).astype(np.float32)
-    batches = [(rng.randn(16, 8).astype(np.float32) * (300.0 if i in (3, 4, 9) else 1.0),
-                rng.randn(16, 4).astype(np.float32)) for i in range(12)]
+    batches = [
+        (rng.randn(16, 8).astype(np.float32) * (300.0 if i in (3, 4, 9) else 1.0), rng.randn(16, 4).astype(np.float32))
+        for i in range(12)
+    ]
     runs = _one_rule_runs(policy, batches, weight)
     trajectory, weight_after = runs["train_cell"]
     skips = [skipped for skipped, _ in trajectory]
@@ -1899,6 +2126,7 @@ def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overri
         np.testing.assert_array_equal(runs[name][1], weight_after, err_msg=name)
 
 
+@pytest.mark.slow
 def test_two_scalers_an_optimizer_wrapper_and_a_train_cell_in_one_graph():
     """A GAN-like graph: 0.1.0 named every scaler's Parameters alike, so two could not share a graph."""
     nets = [regression_net(seed=s) for s in range(4)]
@@ -1952,6 +2180,7 @@ def test_scaler_stays_usable_after_update_inside_jit():
     assert [float(step(x, y)[0].asnumpy()) for _ in range(3)] == [8.0, 16.0, 32.0]
 
 
+@pytest.mark.slow
 def test_pytorch_update_without_inf_checks_raises_and_paddle_allows_it():
     torch_scaler, paddle_scaler = GradScaler("cuda"), GradScaler()
     with pytest.raises(AssertionError, match="No inf checks were recorded prior to update"):
@@ -1994,10 +2223,17 @@ def test_update_with_new_scale(new_scale, expected):
     assert scaler.get_scale() == expected and scaler.state_dict()["_growth_tracker"] == 0
 
 
-@pytest.mark.parametrize("new_scale, error", [(0.0, ValueError), (float("nan"), ValueError), ("2", TypeError),
-                                              (Tensor(np.float32(-1.0)), ValueError),
-                                              (Tensor(np.float32(1e-40)), ValueError),  # 1/S is inf
-                                              (Tensor(np.float32([1.0, 2.0])), TypeError)])
+@pytest.mark.parametrize(
+    "new_scale, error",
+    [
+        (0.0, ValueError),
+        (float("nan"), ValueError),
+        ("2", TypeError),
+        (Tensor(np.float32(-1.0)), ValueError),
+        (Tensor(np.float32(1e-40)), ValueError),  # 1/S is inf
+        (Tensor(np.float32([1.0, 2.0])), TypeError),
+    ],
+)
 def test_update_with_a_bad_new_scale(new_scale, error):
     scaler = _scaler_after_one_step()
     with pytest.raises(error, match="new_scale"):
@@ -2014,8 +2250,10 @@ BAD_TENSOR_SCALES = [
 ]
 
 
-@pytest.mark.parametrize("new_scale, error, pattern", BAD_TENSOR_SCALES,
-                         ids=["two", "none", "negative", "nan", "subnormal"])
+@pytest.mark.parametrize(
+    "new_scale, error, pattern", BAD_TENSOR_SCALES, ids=["two", "none", "negative", "nan", "subnormal"]
+)
+@pytest.mark.slow
 def test_update_with_a_bad_new_scale_tensor_is_refused_in_a_compiled_function(new_scale, error, pattern):
     """Inside mindspore.jit a Tensor new_scale's shape is checked while compiling and its value when the graph runs,
     as eagerly. PyTorch's rule has no floor; 1e-40 is a subnormal whose reciprocal is inf (unscaling would make
@@ -2033,6 +2271,7 @@ def test_update_with_a_bad_new_scale_tensor_is_refused_in_a_compiled_function(ne
 
 
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
+@pytest.mark.slow
 def test_update_with_new_scale_in_a_compiled_step_acts_as_eagerly(as_tensor):
     """Inside mindspore.jit, update(new_scale) did nothing: the scale stayed, and the next iteration's step() was
     refused ("step() has already been called since the last update()"). Now the compiled iterations give the
@@ -2055,6 +2294,7 @@ def test_update_with_new_scale_in_a_compiled_step_acts_as_eagerly(as_tensor):
         def with_constant(value):  # a compiled function per Python number, as PyTorch code writes it
             def constant_iteration(x, y):
                 return iteration(x, y, value)
+
             return ms.jit(constant_iteration)
 
         with_tensor = ms.jit(iteration)
@@ -2100,8 +2340,17 @@ def _is_use_dynamic_loss_scaling(scaler):
 
 
 # Named functions: MindSpore cannot parse a lambda defined inside a dict.
-HOST_CALLS = {call.__name__[1:]: call for call in (_set_growth_factor, _set_init_loss_scaling, _state_dict,
-                                                   _load_state_dict, _get_state, _is_use_dynamic_loss_scaling)}
+HOST_CALLS = {
+    call.__name__[1:]: call
+    for call in (
+        _set_growth_factor,
+        _set_init_loss_scaling,
+        _state_dict,
+        _load_state_dict,
+        _get_state,
+        _is_use_dynamic_loss_scaling,
+    )
+}
 
 
 @pytest.mark.parametrize("spelling", ["torch", "paddle"])
@@ -2117,8 +2366,11 @@ def test_a_host_method_inside_a_compiled_function_says_so(method, spelling):
         call(scaler)
         return x
 
-    with pytest.raises(RuntimeError, match=r"reads or writes the scaler's state from Python \(a host call\): call it "
-                                           r"outside mindspore.jit"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"reads or writes the scaler's state from Python \(a host call\): call it "
+        r"outside mindspore.jit",
+    ):
         ms.jit(compiled)(Tensor(1.0))
     assert scaler.get_scale() == 256.0 and scaler.get_growth_factor() == 2.0
     call(scaler)  # eagerly it works
@@ -2130,9 +2382,11 @@ def _bounded_scaler():
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("new_scale, accepted", [(1024.0, True), (2.0, True), (2048.0, False), (1.0, False),
-                                                 (1e-40, False)])
+@pytest.mark.parametrize(
+    "new_scale, accepted", [(1024.0, True), (2.0, True), (2048.0, False), (1.0, False), (1e-40, False)]
+)
 @pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "tensor"])
+@pytest.mark.slow
 def test_update_with_new_scale_stays_within_the_rules_bounds(new_scale, accepted, as_tensor, compiled):
     """A scale outside min_scale/max_scale was set, and the state_dict() it gave could not be loaded into the
     same scaler ("'state_dict['scale']' must be a finite number in (0.0, 1024.0]"): now refused, nothing
@@ -2140,11 +2394,13 @@ def test_update_with_new_scale_stays_within_the_rules_bounds(new_scale, accepted
     scaler = _bounded_scaler()
     value = Tensor(np.float32(new_scale)) if as_tensor else new_scale
     if compiled:
+
         def set_tensor(v):
             return scaler.update(v).get_scale()
 
         def set_number():
             return scaler.update(new_scale).get_scale()
+
         call, args = (ms.jit(set_tensor), (value,)) if as_tensor else (ms.jit(set_number), ())
     else:
         call, args = scaler.update, (value,)
@@ -2162,6 +2418,7 @@ def test_update_with_new_scale_stays_within_the_rules_bounds(new_scale, accepted
 
 # ---- disabled scalers -------------------------------------------------------------------------------------
 
+
 def test_disabled_scaler_is_an_exact_no_op_and_reports_like_its_framework():
     disabled = GradScaler(enable=False)
     net, control = regression_net(), regression_net()
@@ -2176,13 +2433,19 @@ def test_disabled_scaler_is_an_exact_no_op_and_reports_like_its_framework():
     for name, value in training_state(control).items():
         np.testing.assert_array_equal(training_state(net)[name], value)
     # Paddle: 1.0 and False; PyTorch: get_scale() 1.0; both: {} and a state load is ignored
-    assert (disabled.get_init_loss_scaling(), disabled.is_use_dynamic_loss_scaling(), disabled.get_scale(),
-            disabled.state_dict(), disabled.is_enable()) == (1.0, False, 1.0, {}, False)
+    assert (
+        disabled.get_init_loss_scaling(),
+        disabled.is_use_dynamic_loss_scaling(),
+        disabled.get_scale(),
+        disabled.state_dict(),
+        disabled.is_enable(),
+    ) == (1.0, False, 1.0, {}, False)
     disabled.load_state_dict(GradScaler(init_loss_scaling=8.0).state_dict())
     assert disabled.state_dict() == {} and GradScaler(enabled=False).get_scale() == 1.0
 
 
 # ---- state_dict ---------------------------------------------------------------------------------------------
+
 
 def test_pytorch_state_dict_round_trip():
     """PyTorch's test_grad_scaling_state_dict: s1 takes s0's state, also after s1 has been used (compiled)."""
@@ -2194,8 +2457,13 @@ def test_pytorch_state_dict_round_trip():
             step = ms.jit(_basic(s1, net, nn.SGD(net.trainable_params(), 0.05)))
             step(*[Tensor(a) for a in regression_batches(1)[0]], Tensor(False))
         s1.load_state_dict(s0.state_dict())
-        assert (s1.get_scale(), s1.get_growth_factor(), s1.get_backoff_factor(), s1.get_growth_interval(),
-                s1.state_dict()["_growth_tracker"]) == (3.0, 4.0, 0.5, 2, 0)
+        assert (
+            s1.get_scale(),
+            s1.get_growth_factor(),
+            s1.get_backoff_factor(),
+            s1.get_growth_interval(),
+            s1.state_dict()["_growth_tracker"],
+        ) == (3.0, 4.0, 0.5, 2, 0)
 
 
 class _Records(logging.Handler):
@@ -2207,6 +2475,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_compiling_the_front_ends_logs_no_warning_of_ours():
     """Every call of a front-end inside a compiled step, once: MindSpore logged "The "refuse_non_gradients" is a
     constexpr function. The input arguments must be all constant value." at every compilation of a user's step."""
@@ -2229,14 +2498,25 @@ def test_compiling_the_front_ends_logs_no_warning_of_ours():
     assert not [message for message in records.messages if "constexpr" in message], records.messages
 
 
-@pytest.mark.parametrize("make, poisoned, expected", [
-    # at the split: the scale 64 (not the initial one) and two clean steps counted, so the next one grows
-    (lambda: GradScaler("cuda", init_scale=256.0, growth_interval=3), {0, 1},
-     [128.0, 64.0, 64.0, 64.0, 128.0, 128.0, 128.0, 256.0]),
-    # at the split: the scale 128 and one bad step of two pending, so the next bad one backs off
-    (lambda: GradScaler(init_loss_scaling=256.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2), {0, 1, 3, 4},
-     [256.0, 128.0, 128.0, 128.0, 64.0, 64.0, 64.0, 128.0]),
-], ids=["pytorch", "paddle"])
+@pytest.mark.parametrize(
+    "make, poisoned, expected",
+    [
+        # at the split: the scale 64 (not the initial one) and two clean steps counted, so the next one grows
+        (
+            lambda: GradScaler("cuda", init_scale=256.0, growth_interval=3),
+            {0, 1},
+            [128.0, 64.0, 64.0, 64.0, 128.0, 128.0, 128.0, 256.0],
+        ),
+        # at the split: the scale 128 and one bad step of two pending, so the next bad one backs off
+        (
+            lambda: GradScaler(init_loss_scaling=256.0, incr_every_n_steps=3, decr_every_n_nan_or_inf=2),
+            {0, 1, 3, 4},
+            [256.0, 128.0, 128.0, 128.0, 64.0, 64.0, 64.0, 128.0],
+        ),
+    ],
+    ids=["pytorch", "paddle"],
+)
+@pytest.mark.slow
 def test_resumed_from_state_dict_and_checkpoint_is_the_uninterrupted_run(make, poisoned, expected, tmp_path):
     """Stopped mid-run with counts running, saved as a user does (the network and optimizer with
     mindspore.save_checkpoint, the scaler's state_dict) and resumed into new objects in one compiled step: the
@@ -2273,20 +2553,38 @@ def test_resumed_from_state_dict_and_checkpoint_is_the_uninterrupted_run(make, p
 
 
 def test_paddle_state_dict_has_paddles_keys_and_loads_paddles_own():
-    scaler = GradScaler(init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3,
-                        decr_every_n_nan_or_inf=2)
+    scaler = GradScaler(
+        init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3, decr_every_n_nan_or_inf=2
+    )
     state = scaler.state_dict()
-    assert sorted(state) == sorted(["scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
-                                    "decr_every_n_nan_or_inf", "incr_count", "decr_count",
-                                    "use_dynamic_loss_scaling"])
+    assert sorted(state) == sorted(
+        [
+            "scale",
+            "incr_ratio",
+            "decr_ratio",
+            "incr_every_n_steps",
+            "decr_every_n_nan_or_inf",
+            "incr_count",
+            "decr_count",
+            "use_dynamic_loss_scaling",
+        ]
+    )
     assert state["scale"].dtype == np.float32 and state["scale"].tolist() == [1024.0]
-    paddle_saved = {"scale": np.array([512.0], np.float32), "incr_ratio": 2.0, "decr_ratio": 0.5,
-                    "incr_every_n_steps": 1000, "decr_every_n_nan_or_inf": 2, "incr_count": 7, "decr_count": 1,
-                    "use_dynamic_loss_scaling": True}  # what paddle.amp.GradScaler.state_dict() returns
+    paddle_saved = {
+        "scale": np.array([512.0], np.float32),
+        "incr_ratio": 2.0,
+        "decr_ratio": 0.5,
+        "incr_every_n_steps": 1000,
+        "decr_every_n_nan_or_inf": 2,
+        "incr_count": 7,
+        "decr_count": 1,
+        "use_dynamic_loss_scaling": True,
+    }  # what paddle.amp.GradScaler.state_dict() returns
     scaler.load_state_dict(paddle_saved)
     assert scaler.get_init_loss_scaling() == 512.0 and scaler.get_scale() == 512.0  # as Paddle
     assert {k: v for k, v in scaler.state_dict().items() if k != "scale"} == {
-        k: v for k, v in paddle_saved.items() if k != "scale"}
+        k: v for k, v in paddle_saved.items() if k != "scale"
+    }
     released = dict(paddle_saved, scale=512.0, init_loss_scaling=1024.0)  # lossscale 0.1.0's format
     scaler.load_state_dict(released)
     assert scaler.get_scale() == 512.0
@@ -2304,11 +2602,16 @@ def _overflow_steps(scaler, flags):
     return scales
 
 
-@pytest.mark.parametrize("make", [
-    lambda: GradScaler("cuda", policy=get_preset("megatron", init_scale=1024.0)),
-    lambda: GradScaler(policy=get_preset("megatron", init_scale=1024.0)),
-    lambda: GradScaler(init_loss_scaling=1024.0, decr_every_n_nan_or_inf=3),
-], ids=["torch_megatron", "paddle_megatron", "paddle_hysteresis_3"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GradScaler("cuda", policy=get_preset("megatron", init_scale=1024.0)),
+        lambda: GradScaler(policy=get_preset("megatron", init_scale=1024.0)),
+        lambda: GradScaler(init_loss_scaling=1024.0, decr_every_n_nan_or_inf=3),
+    ],
+    ids=["torch_megatron", "paddle_megatron", "paddle_hysteresis_3"],
+)
+@pytest.mark.slow
 def test_a_rule_with_hysteresis_resumes_exactly_from_its_state_dict(make):
     """A PyTorch-format state had no place for the overflows counted towards the next backoff: resumed mid-count,
     a TorchGradScaler with Megatron's rule backed off an overflow late. (Paddle's format holds the count.)"""
@@ -2329,11 +2632,15 @@ def test_default_state_dicts_keep_their_frameworks_keys():
     assert "consecutive_hysteresis" not in GradScaler(policy="paddle").state_dict()
 
 
-@pytest.mark.parametrize("source, target", [
-    (lambda: GradScaler(init_loss_scaling=32.0), lambda: GradScaler("cuda")),
-    (lambda: GradScaler("cuda", policy="megatron"), lambda: GradScaler()),
-    (lambda: GradScaler(policy="megatron"), lambda: GradScaler()),
-], ids=["paddle_into_torch", "torch_megatron_into_paddle", "paddle_megatron_into_paddle"])
+@pytest.mark.parametrize(
+    "source, target",
+    [
+        (lambda: GradScaler(init_loss_scaling=32.0), lambda: GradScaler("cuda")),
+        (lambda: GradScaler("cuda", policy="megatron"), lambda: GradScaler()),
+        (lambda: GradScaler(policy="megatron"), lambda: GradScaler()),
+    ],
+    ids=["paddle_into_torch", "torch_megatron_into_paddle", "paddle_megatron_into_paddle"],
+)
 def test_a_state_whose_hysteresis_works_otherwise_is_refused_and_changes_nothing(source, target):
     """A Paddle state (back off on the 2nd overflow, counters refilled) loaded into PyTorch's rule gave a hybrid
     rule that is no library's (Megatron's no-refill with Paddle's count), silently."""
@@ -2387,10 +2694,14 @@ def test_bad_state_dicts_change_nothing(state, error, pattern):
     scaler = GradScaler("cuda", init_scale=8.0, growth_interval=4)
     good = scaler.state_dict()
     if isinstance(state, str):
-        state = {"nan": dict(good, scale=float("nan")), "none": dict(good, scale=None),
-                 "tracker": dict(good, _growth_tracker=5), "factor": dict(good, growth_factor=0.5),
-                 "tracker_at_interval": dict(good, _growth_tracker=4),
-                 "empty_scale": dict(good, scale=np.zeros(0, np.float32))}[state]
+        state = {
+            "nan": dict(good, scale=float("nan")),
+            "none": dict(good, scale=None),
+            "tracker": dict(good, _growth_tracker=5),
+            "factor": dict(good, growth_factor=0.5),
+            "tracker_at_interval": dict(good, _growth_tracker=4),
+            "empty_scale": dict(good, scale=np.zeros(0, np.float32)),
+        }[state]
     with pytest.raises(error, match=pattern):
         scaler.load_state_dict(state)
     assert scaler.state_dict() == good
@@ -2412,13 +2723,17 @@ def test_a_paddle_state_without_hysteresis_keys_works_as_the_scalers_own_rule():
     one (here Megatron's, in Paddle's spelling) and works as that rule."""
     saved = GradScaler(policy="megatron")
     _overflow_steps(saved, [T])
-    paddle_format = {key: value for key, value in saved.state_dict().items()
-                     if key not in ("consecutive_hysteresis", "refill_hysteresis_on_backoff")}
+    paddle_format = {
+        key: value
+        for key, value in saved.state_dict().items()
+        if key not in ("consecutive_hysteresis", "refill_hysteresis_on_backoff")
+    }
     scaler = GradScaler(policy="megatron")
     scaler.load_state_dict(paddle_format)
     assert scaler.get_state() == saved.get_state() and scaler.state_dict() == saved.state_dict()
 
 
+@pytest.mark.slow
 def test_pickle_between_iterations_only():
     scaler, net, opt, grad_fn = _pytorch_sgd_setup(init_scale=32.0, growth_interval=3)
     x, y = [Tensor(a) for a in regression_batches(1)[0]]
@@ -2436,6 +2751,7 @@ def test_pickle_between_iterations_only():
 def test_pickle_keeps_an_explicit_name_when_it_is_free():
     """The Parameter names of an unpickled scaler: its own name in a new process (the original is gone), a
     free variant while the original lives (two scalers in one graph need distinct names)."""
+
     def names(scaler):
         return sorted(p.name for p in scaler._core.get_parameters())
 
@@ -2466,16 +2782,20 @@ def test_a_name_in_use_is_refused_whatever_the_front_end():
 
 # ---- setters ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("setter, value, error, pattern", [
-    ("set_incr_ratio", 1.0, AssertionError, r"'incr_ratio'.*1.0"),
-    ("set_decr_ratio", 1.5, AssertionError, r"'decr_ratio'.*1.5"),
-    ("set_decr_ratio", 0.0, ValueError, r"'decr_ratio'"),
-    ("set_incr_every_n_steps", 0, ValueError, r"'incr_every_n_steps'.*0"),
-    ("set_decr_every_n_nan_or_inf", 0, ValueError, r"'decr_every_n_nan_or_inf'.*0"),
-    ("set_init_loss_scaling", -1.0, ValueError, r"'init_loss_scaling'.*-1.0"),
-    ("set_init_loss_scaling", float("inf"), ValueError, r"'init_loss_scaling'.*inf"),
-    ("set_growth_factor", 1.0, AssertionError, r"'incr_ratio'"),
-])
+
+@pytest.mark.parametrize(
+    "setter, value, error, pattern",
+    [
+        ("set_incr_ratio", 1.0, AssertionError, r"'incr_ratio'.*1.0"),
+        ("set_decr_ratio", 1.5, AssertionError, r"'decr_ratio'.*1.5"),
+        ("set_decr_ratio", 0.0, ValueError, r"'decr_ratio'"),
+        ("set_incr_every_n_steps", 0, ValueError, r"'incr_every_n_steps'.*0"),
+        ("set_decr_every_n_nan_or_inf", 0, ValueError, r"'decr_every_n_nan_or_inf'.*0"),
+        ("set_init_loss_scaling", -1.0, ValueError, r"'init_loss_scaling'.*-1.0"),
+        ("set_init_loss_scaling", float("inf"), ValueError, r"'init_loss_scaling'.*inf"),
+        ("set_growth_factor", 1.0, AssertionError, r"'incr_ratio'"),
+    ],
+)
 def test_setters_validate_and_change_nothing_on_error(setter, value, error, pattern):
     scaler = GradScaler()
     before = scaler.state_dict()
@@ -2485,10 +2805,16 @@ def test_setters_validate_and_change_nothing_on_error(setter, value, error, patt
 
 
 def test_getters_and_setters_of_both_spellings():
-    scaler = GradScaler(init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3,
-                        decr_every_n_nan_or_inf=1)
-    assert (scaler.get_init_loss_scaling(), scaler.get_incr_ratio(), scaler.get_decr_ratio(),
-            scaler.get_incr_every_n_steps(), scaler.get_decr_every_n_nan_or_inf()) == (1024.0, 4.0, 0.25, 3, 1)
+    scaler = GradScaler(
+        init_loss_scaling=1024, incr_ratio=4.0, decr_ratio=0.25, incr_every_n_steps=3, decr_every_n_nan_or_inf=1
+    )
+    assert (
+        scaler.get_init_loss_scaling(),
+        scaler.get_incr_ratio(),
+        scaler.get_decr_ratio(),
+        scaler.get_incr_every_n_steps(),
+        scaler.get_decr_every_n_nan_or_inf(),
+    ) == (1024.0, 4.0, 0.25, 3, 1)
     torch = GradScaler("cuda")
     torch.set_growth_factor(3.0)
     torch.set_backoff_factor(0.125)
@@ -2499,6 +2825,7 @@ def test_getters_and_setters_of_both_spellings():
 
 # ---- the backend's check, through a stand-in -----------------------------------------------------------------
 
+
 def test_ascend_saturation_check_through_the_scaler():
     """The register is cleared as the scaled loss's backward begins (the forward pass's saturation is not
     counted); unscale_/step read it after the gradients and clear it again.
@@ -2506,8 +2833,9 @@ def test_ascend_saturation_check_through_the_scaler():
     Compiled only: in PyNative the stand-in's host callbacks run asynchronously, and on the first call the
     forward pass's callback ran after the backward's clear. What real NPU streams do there is unverified."""
     register = StatusRegister()
-    scaler = GradScaler("cuda", init_scale=1024.0, overflow_check=AscendSaturationCheck(register.clear_status,
-                                                                                        register.get_status))
+    scaler = GradScaler(
+        "cuda", init_scale=1024.0, overflow_check=AscendSaturationCheck(register.clear_status, register.get_status)
+    )
     net = SaturatingNet(register, forward=True)
     opt = nn.SGD(net.trainable_params(), 0.1)
 
@@ -2548,6 +2876,7 @@ def test_one_scaler_serves_at_most_its_capacity_of_optimizer_keys():
         scaler.unscale_(grads, key="one too many")
 
 
+@pytest.mark.slow
 def test_a_new_scaler_with_a_freed_name_starts_with_no_optimizer_keys():
     """Keys were registered per scaler name: a sweep building a fresh scaler per model size in one process (each
     reusing the freed name) failed with 'more than 16 optimizer keys' at the 17th size."""
@@ -2577,7 +2906,9 @@ def test_grad_capture_sees_unscaled_gradients():
 
 # ---- eager calls run compiled (lossscale.frontends._eager_calls) ------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE], ids=["pynative", "graph_mode"])
+@pytest.mark.slow
 def test_eager_calls_compile_once_and_train_as_the_control(mode, compilations):
     """From Python, unscale_, step and update each run one compiled graph (an eager MLP iteration 150 -> 46 ms):
     compiled once, not at every call (a tuple of gradients given as it is would be a constant of the compilation),
@@ -2630,6 +2961,7 @@ def test_compiled_calls_keep_a_graph_per_object():
 
 
 @pytest.mark.parametrize("misuse", MISUSES)
+@pytest.mark.slow
 def test_an_eager_refusal_leaves_the_scaler_usable(misuse):
     """A misuse called from Python raises there, and the next iteration trains as the control: the compiled calls
     return refusal codes instead of raising (a compiled function that raised fails at every later call on
@@ -2653,6 +2985,7 @@ def test_an_eager_refusal_leaves_the_scaler_usable(misuse):
     assert scaler.get_scale() == 1024.0
 
 
+@pytest.mark.slow
 def test_a_scaler_used_eagerly_is_freed():
     """The compiled calls hold the scaler's graph part, not the scaler: MindSpore keeps what a compiled Cell uses
     alive, and a compiled Cell holding the scaler (or a bound method of it) was never freed, nor its name."""

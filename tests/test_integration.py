@@ -1,4 +1,5 @@
 """lossscale.Model and build_train_network on CPU; compatibility with MindSpore's own classes."""
+
 import re
 
 import mindspore as ms
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, ModelCheckpoint
+from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -21,7 +23,6 @@ from lossscale import (
     get_preset,
 )
 from lossscale.core.policy import run
-from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
 
 BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch
 
@@ -66,8 +67,14 @@ def test_model_trains_on_cpu_with_dynamic_scaling_and_an_overflowing_batch(amp_l
     x, x_bad, y = _classification_data_with_inf()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
-    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), metrics={"acc": Accuracy()},
-                  amp_level=amp_level, loss_scale_manager=manager)
+    model = Model(
+        net,
+        _loss_fn(),
+        nn.Momentum(net.trainable_params(), 0.05, 0.9),
+        metrics={"acc": Accuracy()},
+        amp_level=amp_level,
+        loss_scale_manager=manager,
+    )
     assert isinstance(model.train_network, TrainOneStepWithLossScaleCell)
     recorder = StepRecorder()
     model.train(2, _dataset(x_bad, y), callbacks=[LossMonitor(8), recorder])
@@ -101,12 +108,25 @@ def test_model_refuses_mindspores_own_manager_with_accumulation():
     scale grew ahead of the device's (16384 against 4096 after 8 calls with a window of 2) and its stop never came.
     Refused when the Model is built, naming the replacement; without accumulation it is accepted (above)."""
     net = nn.Dense(8, 2)
-    with pytest.raises(ValueError, match=r"accumulation_steps=2 with MindSpore's DynamicLossScaleManager.*Use "
-                                         r"lossscale.DynamicLossScaleManager"):
-        Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), accumulation_steps=2,
-              loss_scale_manager=ms.amp.DynamicLossScaleManager(2**10, 2, 2))
-    Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), accumulation_steps=2,
-          loss_scale_manager=ms.amp.FixedLossScaleManager(2**10, drop_overflow_update=True))  # no host rule
+    with pytest.raises(
+        ValueError,
+        match=r"accumulation_steps=2 with MindSpore's DynamicLossScaleManager.*Use "
+        r"lossscale.DynamicLossScaleManager",
+    ):
+        Model(
+            net,
+            _loss_fn(),
+            nn.Momentum(net.trainable_params(), 0.05, 0.9),
+            accumulation_steps=2,
+            loss_scale_manager=ms.amp.DynamicLossScaleManager(2**10, 2, 2),
+        )
+    Model(
+        net,
+        _loss_fn(),
+        nn.Momentum(net.trainable_params(), 0.05, 0.9),
+        accumulation_steps=2,
+        loss_scale_manager=ms.amp.FixedLossScaleManager(2**10, drop_overflow_update=True),
+    )  # no host rule
 
 
 def test_model_stops_after_too_many_overflows_in_a_row_as_mindspores_does():
@@ -140,8 +160,13 @@ def test_model_with_accumulation_counts_overflowing_windows_in_a_row_not_calls()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
     manager.bad_step_max = 3
-    model = Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9), loss_scale_manager=manager,
-                  accumulation_steps=2)
+    model = Model(
+        net,
+        _loss_fn(),
+        nn.Momentum(net.trainable_params(), 0.05, 0.9),
+        loss_scale_manager=manager,
+        accumulation_steps=2,
+    )
     recorder = StepRecorder()
     with pytest.raises(PersistentOverflowError, match="Dynamic loss scale Continuous overflow 4 times"):
         model.train(1, _dataset(x, y), callbacks=[recorder], dataset_sink_mode=False)
@@ -159,7 +184,8 @@ def test_model_skipped_batches_match_a_model_that_never_saw_them():
     def train(data_x, data_y, manager):
         net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
         Model(net, _loss_fn(), nn.SGD(net.trainable_params(), 0.1), loss_scale_manager=manager).train(
-            1, _dataset(data_x, data_y))
+            1, _dataset(data_x, data_y)
+        )
         return snapshot(net)
 
     scaled = train(x_bad, y, DynamicLossScaleManager(init_loss_scale=2**8, scale_window=1000))
@@ -168,6 +194,7 @@ def test_model_skipped_batches_match_a_model_that_never_saw_them():
         np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow
 def test_model_in_dataset_sink_mode_matches_step_by_step_training():
     """On CPU MindSpore's Model trains without sinking: the same steps, and callbacks still see every one."""
     x, x_bad, y = _classification_data_with_inf()
@@ -184,8 +211,12 @@ def test_model_in_dataset_sink_mode_matches_step_by_step_training():
     stepped, _, _, stepped_rows = train(sink=False)
     flags = [step % 8 == 2 for step in range(16)]
     assert sunk_rows == stepped_rows and [overflow for overflow, _ in sunk_rows] == flags
-    assert train_network.overflow_counters() == {"steps": 16, "skipped_steps": 2, "consecutive_overflows": 0,
-                                                 "last_overflow_step": 11}
+    assert train_network.overflow_counters() == {
+        "steps": 16,
+        "skipped_steps": 2,
+        "consecutive_overflows": 0,
+        "last_overflow_step": 11,
+    }
     assert manager.get_loss_scale() == run(manager.policy, flags)[-1].scale
     for name, value in stepped.items():
         np.testing.assert_array_equal(sunk[name], value, err_msg=name)
@@ -219,6 +250,7 @@ def test_model_keeps_inputs_declared_dynamic_so_a_short_last_batch_does_not_reco
         np.testing.assert_allclose(scaled[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow
 def test_model_resumed_from_a_model_checkpoint_file_continues_as_the_uninterrupted_run(tmp_path):
     """MindSpore's ModelCheckpoint callback saves the train network: weights, optimizer state, the scale and the
     counters. Loaded into a new Model's train network, the second epoch replays the uninterrupted one exactly."""
@@ -226,17 +258,24 @@ def test_model_resumed_from_a_model_checkpoint_file_continues_as_the_uninterrupt
 
     def model():
         net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
-        return Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                     loss_scale_manager=DynamicLossScaleManager(2**10, scale_window=3))
+        return Model(
+            net,
+            _loss_fn(),
+            nn.Momentum(net.trainable_params(), 0.05, 0.9),
+            loss_scale_manager=DynamicLossScaleManager(2**10, scale_window=3),
+        )
 
     uninterrupted, recorder = model(), StepRecorder()
     uninterrupted.train(2, _dataset(x_bad, y), callbacks=[recorder], dataset_sink_mode=False)
     first = model()
-    first.train(1, _dataset(x_bad, y), dataset_sink_mode=False,
-                callbacks=[ModelCheckpoint("run", str(tmp_path), CheckpointConfig(save_checkpoint_steps=8))])
+    first.train(
+        1,
+        _dataset(x_bad, y),
+        dataset_sink_mode=False,
+        callbacks=[ModelCheckpoint("run", str(tmp_path), CheckpointConfig(save_checkpoint_steps=8))],
+    )
     resumed, resumed_recorder = model(), StepRecorder()
-    assert ms.load_param_into_net(resumed.train_network, ms.load_checkpoint(str(tmp_path / "run-1_8.ckpt"))) == (
-        [], [])
+    assert ms.load_param_into_net(resumed.train_network, ms.load_checkpoint(str(tmp_path / "run-1_8.ckpt"))) == ([], [])
     resumed.train(1, _dataset(x_bad, y), callbacks=[resumed_recorder], dataset_sink_mode=False)
 
     assert resumed_recorder.rows == recorder.rows[8:]
@@ -249,8 +288,12 @@ def test_model_resumed_from_a_model_checkpoint_file_continues_as_the_uninterrupt
 def test_mindspore_model_refuses_dynamic_scaling_on_cpu_but_accepts_our_manager_type():
     net = nn.Dense(8, 2)
     with pytest.raises(ValueError, match="supported on device `CPU`"):
-        ms.train.Model(net, _loss_fn(), nn.Momentum(net.trainable_params(), 0.05, 0.9),
-                       loss_scale_manager=DynamicLossScaleManager())
+        ms.train.Model(
+            net,
+            _loss_fn(),
+            nn.Momentum(net.trainable_params(), 0.05, 0.9),
+            loss_scale_manager=DynamicLossScaleManager(),
+        )
 
 
 class _CpuMindSporeCell(nn.TrainOneStepWithLossScaleCell):
@@ -276,12 +319,15 @@ def test_our_update_cell_drives_mindspore_own_train_cell():
     assert float(step.scale_sense.asnumpy()) == run(manager.policy, flags)[-1].scale
 
 
-@pytest.mark.parametrize("level, manager, expected_type", [
-    ("O0", None, nn.TrainOneStepCell),
-    ("O2", None, TrainOneStepWithLossScaleCell),
-    ("O3", DynamicLossScaleManager(), TrainOneStepWithLossScaleCell),
-    ("O0", FixedLossScaleManager(), TrainOneStepWithLossScaleCell),
-])
+@pytest.mark.parametrize(
+    "level, manager, expected_type",
+    [
+        ("O0", None, nn.TrainOneStepCell),
+        ("O2", None, TrainOneStepWithLossScaleCell),
+        ("O3", DynamicLossScaleManager(), TrainOneStepWithLossScaleCell),
+        ("O0", FixedLossScaleManager(), TrainOneStepWithLossScaleCell),
+    ],
+)
 def test_build_train_network_levels(level, manager, expected_type):
     net = nn.Dense(8, 2)
     kwargs = {} if manager is None else {"loss_scale_manager": manager}
@@ -296,11 +342,14 @@ def test_build_train_network_levels(level, manager, expected_type):
     assert np.isfinite(loss.asnumpy())
 
 
-@pytest.mark.parametrize("kwargs, error, pattern", [
-    (dict(level="O4"), ValueError, "'level'.*'O4'"),
-    (dict(level="O0", boost=True), ValueError, "'boost'"),
-    (dict(loss_scale_manager="dynamic"), TypeError, "'loss_scale_manager'.*str"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        (dict(level="O4"), ValueError, "'level'.*'O4'"),
+        (dict(level="O0", boost=True), ValueError, "'boost'"),
+        (dict(loss_scale_manager="dynamic"), TypeError, "'loss_scale_manager'.*str"),
+    ],
+)
 def test_build_train_network_bad_arguments(kwargs, error, pattern):
     net = nn.Dense(8, 2)
     with pytest.raises(error, match=pattern):
@@ -379,7 +428,8 @@ def test_mindspore_functional_loop_translates_to_grad_scaler_with_the_mindspore_
     theirs, their_scales = _functional_run(lambda: ms.amp.DynamicLossScaler(2**10, 2, 3), _mindspore_step)
     ours, our_scales = _functional_run(
         lambda: GradScaler(policy=get_preset("mindspore", init_scale=2**10, growth_factor=2.0, growth_interval=3)),
-        _lossscale_step)
+        _lossscale_step,
+    )
     assert our_scales == their_scales == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 1024.0, 1024.0]
     for name, value in theirs.items():
         np.testing.assert_array_equal(ours[name], value, err_msg=name)
@@ -391,17 +441,21 @@ def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_t
     translation the error gives trains as the wrapper does in a tf.keras-style step: same skips and scales."""
     x, x_bad, y = _classification_data_with_inf()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
-    wrapper = LossScaleOptimizer(nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2**10,
-                                 dynamic_growth_steps=3)
-    translation = ("optimizer=opt.inner_optimizer, loss_scale_manager=DynamicLossScaleManager.from_policy("
-                   "get_preset('tf_keras', init_scale=1024.0, growth_interval=3))")
+    wrapper = LossScaleOptimizer(
+        nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2**10, dynamic_growth_steps=3
+    )
+    translation = (
+        "optimizer=opt.inner_optimizer, loss_scale_manager=DynamicLossScaleManager.from_policy("
+        "get_preset('tf_keras', init_scale=1024.0, growth_interval=3))"
+    )
     with pytest.raises(TypeError, match=re.escape(translation)):
         Model(net, _loss_fn(), wrapper)
     with pytest.raises(TypeError, match="'optimizer' is a LossScaleOptimizer"):
         build_train_network(net, wrapper, _loss_fn(), level="O2")
     with pytest.raises(TypeError, match=re.escape("loss_scale_manager=FixedLossScaleManager(64.0)")):
-        Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False,
-                                                  initial_scale=64.0))
+        Model(
+            net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False, initial_scale=64.0)
+        )
     with pytest.raises(TypeError, match=re.escape(f"DynamicLossScaleManager.from_policy({get_preset('keras')!r})")):
         Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy="keras"))
 
@@ -411,12 +465,13 @@ def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_t
     model.train(1, _dataset(x_bad, y), callbacks=[recorder], dataset_sink_mode=False)
 
     keras_net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
-    keras_opt = LossScaleOptimizer(nn.Momentum(keras_net.trainable_params(), 0.05, 0.9), initial_scale=2**10,
-                                   dynamic_growth_steps=3)
+    keras_opt = LossScaleOptimizer(
+        nn.Momentum(keras_net.trainable_params(), 0.05, 0.9), initial_scale=2**10, dynamic_growth_steps=3
+    )
     step = ms.jit(keras_step(nn.WithLossCell(keras_net, _loss_fn()), keras_opt))
     rows = []
     for start in range(0, 64, 8):
-        skipped = step(Tensor(x_bad[start:start + 8]), Tensor(y[start:start + 8]))
+        skipped = step(Tensor(x_bad[start : start + 8]), Tensor(y[start : start + 8]))
         rows.append((bool(skipped.asnumpy()), float(keras_opt.loss_scale.asnumpy())))
     assert recorder.rows == rows and [skipped for skipped, _ in rows] == [i == 2 for i in range(8)]
     assert [scale for _, scale in rows] == [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 1024.0, 1024.0]

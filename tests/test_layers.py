@@ -3,6 +3,7 @@
 Read from the source with ``ast``, function-level imports included: a layer never imports a higher one, even
 lazily, so no import hides a cycle.
 """
+
 import ast
 import os
 import subprocess
@@ -91,13 +92,16 @@ def test_no_import_cycle():
 def test_the_library_loads_neither_the_demo_nor_its_dependencies():
     """``import lossscale``, every public name and the ports load no demo module, nor tqdm or matplotlib beyond what
     MindSpore itself loads (it imports tqdm when it is installed)."""
-    code = ("import sys, mindspore\n"
-            "before = set(sys.modules)\n"
-            "import lossscale\n"
-            "for name in lossscale.__all__: getattr(lossscale, name)\n"
-            "import lossscale.torch, lossscale.paddle, lossscale.keras\n"
-            "print(sorted(m for m in set(sys.modules) - before\n"
-            "             if m.startswith(('lossscale.demo', 'lossscale_models', 'tqdm', 'matplotlib'))))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True,
-                          cwd=ROOT)
+    code = (
+        "import sys, mindspore\n"
+        "before = set(sys.modules)\n"
+        "import lossscale\n"
+        "for name in lossscale.__all__: getattr(lossscale, name)\n"
+        "import lossscale.torch, lossscale.paddle, lossscale.keras\n"
+        "print(sorted(m for m in set(sys.modules) - before\n"
+        "             if m.startswith(('lossscale.demo', 'lossscale_models', 'tqdm', 'matplotlib'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, cwd=ROOT
+    )
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,6 +1,7 @@
 """LossScaleOptimizer, held to tf.keras' own loss_scale_optimizer_test.py (Keras 2, whose API it follows):
 the Keras documentation's examples, the dynamic rule, skipped steps that still advance ``iterations``, float16 losses,
 hyperparameter delegation, argument errors, nesting; plus the refusal of wrongly scaled gradients."""
+
 import gc
 import warnings
 
@@ -8,11 +9,19 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
+from nets import (
+    changed_since,
+    group_optimizer,
+    keras_step,
+    own_names,
+    regression_batches,
+    regression_net,
+    training_state,
+    with_inf,
+)
 
 from lossscale import LossScaleOptimizer, get_preset
 from lossscale.core.policy import run
-from nets import (changed_since, group_optimizer, keras_step, own_names, regression_batches, regression_net,
-                  training_state, with_inf)
 
 T, F = True, False
 
@@ -25,7 +34,7 @@ class Square(nn.Cell):
         self.var = Parameter(Tensor(np.array(value, dtype)), name="var")
 
     def construct(self):
-        return self.var ** 2
+        return self.var**2
 
 
 def _value(opt_or_param):
@@ -55,6 +64,7 @@ def test_keras_docs_manual_example_with_keras_pairs():
 
 
 @pytest.mark.parametrize("var_list", [False, True], ids=["no_var_list", "var_list"])
+@pytest.mark.slow
 def test_minimize_inside_a_compiled_function_trains_as_eagerly(var_list):
     """Keras users call minimize() inside tf.function; inside mindspore.jit it failed to compile ("Unsupported
     statement 'ImportFrom'", then callable() and the var_list identity check). Now the same skips, scales,
@@ -70,11 +80,14 @@ def test_minimize_inside_a_compiled_function_trains_as_eagerly(var_list):
         def iteration(x, y):
             def loss():
                 return net(x, y)
+
             return opt.minimize(loss, variables)
 
         step = ms.jit(iteration) if compiled else iteration
-        history = [(bool(step(Tensor(x), Tensor(y))), _value(opt.loss_scale), opt.iterations.asnumpy().item())
-                   for x, y in batches]
+        history = [
+            (bool(step(Tensor(x), Tensor(y))), _value(opt.loss_scale), opt.iterations.asnumpy().item())
+            for x, y in batches
+        ]
         return history, [p.asnumpy() for p in net.trainable_params()]
 
     (history, weights), (eager_history, eager_weights) = run_minimize(True), run_minimize(False)
@@ -143,12 +156,16 @@ def _square_steps(options, compiled):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("options", [
-    {"skip_gradients_aggregation": True},
-    {"positional": (True,)},
-    {"skip_gradients_aggregation": False, "name": "apply"},
-    {"experimental_aggregate_gradients": False, "name": None},
-], ids=["skip", "skip_positional", "no_skip_named", "legacy_keyword"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"skip_gradients_aggregation": True},
+        {"positional": (True,)},
+        {"skip_gradients_aggregation": False, "name": "apply"},
+        {"experimental_aggregate_gradients": False, "name": None},
+    ],
+    ids=["skip", "skip_positional", "no_skip_named", "legacy_keyword"],
+)
 def test_tf_keras_apply_gradients_options_train_as_without_them(options, compiled):
     """tf.keras' apply_gradients(grads_and_vars, skip_gradients_aggregation=False, **kwargs) with its keywords
     (a TypeError before): the same skips, weights, iterations and scales as the call without them."""
@@ -157,20 +174,25 @@ def test_tf_keras_apply_gradients_options_train_as_without_them(options, compile
         bad = Tensor(np.float32(np.inf if flag else 1.0))
         skipped = [bool(step(bad).asnumpy()) for _, _, step in (ours, control)]
         assert skipped == [flag, flag]
-        states = [(_value(model.var), _value(opt.loss_scale), _value(opt.iterations))
-                  for model, opt, _ in (ours, control)]
+        states = [
+            (_value(model.var), _value(opt.loss_scale), _value(opt.iterations)) for model, opt, _ in (ours, control)
+        ]
         assert states[0] == states[1]
     assert _value(control[1].loss_scale) == _keras_rule([F, T, F, F, T, F], 64.0, 2)[-1]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("options, pattern", [
-    ({"skip_gradients_aggregation": "yes"}, "'skip_gradients_aggregation' must be a bool, but got str 'yes'"),
-    ({"positional": (1,)}, "'skip_gradients_aggregation' must be a bool, but got int 1"),
-    ({"name": 3}, "'name' must be a str or None, but got int 3"),
-    ({"experimental_aggregate_gradients": 1}, "'experimental_aggregate_gradients' must be a bool, but got int 1"),
-    ({"skip_gradient_aggregation": True}, "unexpected keyword argument 'skip_gradient_aggregation'"),
-], ids=["skip_str", "skip_int", "name_int", "legacy_int", "misspelt"])
+@pytest.mark.parametrize(
+    "options, pattern",
+    [
+        ({"skip_gradients_aggregation": "yes"}, "'skip_gradients_aggregation' must be a bool, but got str 'yes'"),
+        ({"positional": (1,)}, "'skip_gradients_aggregation' must be a bool, but got int 1"),
+        ({"name": 3}, "'name' must be a str or None, but got int 3"),
+        ({"experimental_aggregate_gradients": 1}, "'experimental_aggregate_gradients' must be a bool, but got int 1"),
+        ({"skip_gradient_aggregation": True}, "unexpected keyword argument 'skip_gradient_aggregation'"),
+    ],
+    ids=["skip_str", "skip_int", "name_int", "legacy_int", "misspelt"],
+)
 def test_bad_apply_gradients_options_are_refused_before_anything_is_applied(options, pattern, compiled):
     model, opt, step = _square_steps(options, compiled)
     with pytest.raises(TypeError, match=pattern):
@@ -186,8 +208,7 @@ def test_floor_at_one_and_no_growth_to_inf():
         for _ in range(5):
             opt.apply_gradients((Tensor(np.float32(np.nan)),))
     assert _value(opt.loss_scale) == 1.0
-    high = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.0), initial_scale=2.0**127,
-                              dynamic_growth_steps=1)
+    high = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.0), initial_scale=2.0**127, dynamic_growth_steps=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         high.apply_gradients((Tensor(np.float32(0.0)),))
@@ -284,11 +305,15 @@ def test_hyperparameters_are_delegated():
     assert _value(inner.learning_rate) == 0.0
 
 
-@pytest.mark.parametrize("inner, name, value", [
-    (lambda params: nn.Adam(params, learning_rate=0.01, beta1=0.8), "beta1", 0.7),  # a graph constant
-    (lambda params: nn.Adam(params, learning_rate=0.01), "eps", 1e-4),
-    (lambda params: nn.Momentum(params, 0.01, momentum=0.9), "momentum", 0.5),  # a Parameter
-], ids=["adam_beta1", "adam_eps", "momentum"])
+@pytest.mark.parametrize(
+    "inner, name, value",
+    [
+        (lambda params: nn.Adam(params, learning_rate=0.01, beta1=0.8), "beta1", 0.7),  # a graph constant
+        (lambda params: nn.Adam(params, learning_rate=0.01), "eps", 1e-4),
+        (lambda params: nn.Momentum(params, 0.01, momentum=0.9), "momentum", 0.5),  # a Parameter
+    ],
+    ids=["adam_beta1", "adam_eps", "momentum"],
+)
 def test_setting_another_hyperparameter_is_refused_not_hidden(inner, name, value):
     """tf.keras forwards a hyperparameter set on the wrapper (`opt.beta_1 = 0.7`); here only the learning rate is.
     Setting another one made a wrapper attribute that reads returned while the inner optimizer trained with its
@@ -296,8 +321,11 @@ def test_setting_another_hyperparameter_is_refused_not_hidden(inner, name, value
     optimizer = inner(Square().trainable_params())
     opt = LossScaleOptimizer(optimizer)
     before = _value(getattr(optimizer, name))
-    with pytest.raises(AttributeError, match=rf"cannot set '{name}' on a LossScaleOptimizer: .* give {name} to the "
-                                             rf"inner optimizer when building it \({type(optimizer).__name__}\("):
+    with pytest.raises(
+        AttributeError,
+        match=rf"cannot set '{name}' on a LossScaleOptimizer: .* give {name} to the "
+        rf"inner optimizer when building it \({type(optimizer).__name__}\(",
+    ):
         setattr(opt, name, value)
     assert name not in vars(opt) and _value(getattr(opt, name)) == before == _value(getattr(optimizer, name))
     opt.note = "mine"  # an attribute the inner optimizer does not have
@@ -305,17 +333,28 @@ def test_setting_another_hyperparameter_is_refused_not_hidden(inner, name, value
     assert opt.note == "mine" and not opt.training
 
 
-@pytest.mark.parametrize("name, hint", [("get_config", "save_checkpoint"), ("from_config", "save_checkpoint"),
-                                        ("get_weights", "get_parameters"), ("set_weights", "load_param_into_net"),
-                                        ("variables", "get_parameters"), ("no_such_thing", None)])
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("get_config", "save_checkpoint"),
+        ("from_config", "save_checkpoint"),
+        ("get_weights", "get_parameters"),
+        ("set_weights", "load_param_into_net"),
+        ("variables", "get_parameters"),
+        ("no_such_thing", None),
+    ],
+)
 def test_a_missing_attribute_is_named_on_the_wrapper(name, hint):
     """An attribute neither the wrapper nor the inner optimizer has was reported as "The 'SGD' object has no
     attribute ..." (the inner optimizer's error), also for Keras' own methods that have no MindSpore
     counterpart (get_config/from_config, get_weights/set_weights, variables). Both are named now, with the
     MindSpore way for Keras' methods; still an AttributeError, so hasattr() answers False."""
     opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
-    with pytest.raises(AttributeError, match=rf"'LossScaleOptimizer' object has no attribute '{name}', and its "
-                                             rf"inner optimizer \(SGD\) has none either") as missing:
+    with pytest.raises(
+        AttributeError,
+        match=rf"'LossScaleOptimizer' object has no attribute '{name}', and its "
+        rf"inner optimizer \(SGD\) has none either",
+    ) as missing:
         getattr(opt, name)
     if hint is not None:
         assert hint in str(missing.value)
@@ -323,8 +362,10 @@ def test_a_missing_attribute_is_named_on_the_wrapper(name, hint):
     assert hasattr(opt, "learning_rate") and hasattr(opt, "parameters")
 
 
-@pytest.mark.parametrize("value", [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf"),
-                                   Tensor(np.zeros(0, np.float32))])
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), -1.0, True, "0.1", Tensor(np.ones(2, np.float32)), float("inf"), Tensor(np.zeros(0, np.float32))],
+)
 def test_bad_learning_rates_are_refused(value):
     opt = LossScaleOptimizer(nn.SGD(Square().trainable_params(), 0.1))
     with pytest.raises(ValueError, match="'learning_rate'"):
@@ -341,8 +382,10 @@ def test_learning_rate_of_a_schedule_is_refused():
 
 def test_learning_rate_of_parameter_groups_is_refused_and_left_as_it_is():
     params = regression_net().trainable_params()
-    groups = [{"params": [p for p in params if "weight" in p.name], "lr": 0.1},
-              {"params": [p for p in params if "bias" in p.name], "lr": 0.01}]
+    groups = [
+        {"params": [p for p in params if "weight" in p.name], "lr": 0.1},
+        {"params": [p for p in params if "bias" in p.name], "lr": 0.01},
+    ]
     opt = LossScaleOptimizer(nn.SGD(groups, 0.05))
     rates = [round(_value(rate), 6) for rate in opt.inner_optimizer.learning_rate]  # one per parameter
     assert sorted(set(rates)) == [0.01, 0.1]
@@ -384,21 +427,30 @@ def test_bad_arguments_are_value_errors(kwargs, pattern):
         LossScaleOptimizer(nn.Momentum(Square().trainable_params(), 0.1, 0.9), **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(dynamic="yes"), dict(momentum=0.9), dict(foo=1)],
-                         ids=["dynamic", "inner_keyword", "unknown_keyword"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(dynamic="yes"), dict(momentum=0.9), dict(foo=1)],
+    ids=["dynamic", "inner_keyword", "unknown_keyword"],
+)
 def test_tf_keras_type_errors_are_also_type_errors(kwargs):
     """Keras documents ValueError for invalid arguments; tf.keras' code raises TypeError for these."""
     with pytest.raises(TypeError):
         LossScaleOptimizer(nn.Momentum(Square().trainable_params(), 0.1, 0.9), **kwargs)
 
 
-@pytest.mark.parametrize("inner, pattern", [
-    ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer, but got str.$"),
-    (None, "'inner_optimizer'"),
-    (ms.experimental.optim.Adam(Square().trainable_params(), lr=0.1),
-     "must be a mindspore.nn.Optimizer, but got Adam. MindSpore's PyTorch-style optimizers .* use lossscale.GradScaler"),
-    (nn.Momentum(Square().trainable_params(), 0.1, 0.9, loss_scale=128.0), "'optimizer.loss_scale' is 128.0"),
-])
+@pytest.mark.parametrize(
+    "inner, pattern",
+    [
+        ("sgd", "'inner_optimizer' must be a mindspore.nn.Optimizer, but got str.$"),
+        (None, "'inner_optimizer'"),
+        (
+            ms.experimental.optim.Adam(Square().trainable_params(), lr=0.1),
+            "must be a mindspore.nn.Optimizer, but got Adam. MindSpore's PyTorch-style optimizers "
+            ".* use lossscale.GradScaler",
+        ),
+        (nn.Momentum(Square().trainable_params(), 0.1, 0.9, loss_scale=128.0), "'optimizer.loss_scale' is 128.0"),
+    ],
+)
 def test_bad_inner_optimizers(inner, pattern):
     with pytest.raises(ValueError, match=pattern) as refused:
         LossScaleOptimizer(inner)
@@ -415,17 +467,25 @@ def test_an_optimizer_is_wrapped_once_and_a_wrapper_is_not_wrapped():
     assert isinstance(refused.value, TypeError)  # tf.keras' type
 
 
-@pytest.mark.parametrize("kwargs, initial_scale, growth_steps, trajectory", [
-    (dict(), 2.0**15, 2000, [(1, 2.0**15), (2, 2.0**15), (3, 2.0**15)]),
-    (dict(initial_scale=2.0, dynamic_growth_steps=3), 2.0, 3, [(1, 2.0), (2, 2.0), (0, 4.0)]),
-])
+@pytest.mark.parametrize(
+    "kwargs, initial_scale, growth_steps, trajectory",
+    [
+        (dict(), 2.0**15, 2000, [(1, 2.0**15), (2, 2.0**15), (3, 2.0**15)]),
+        (dict(initial_scale=2.0, dynamic_growth_steps=3), 2.0, 3, [(1, 2.0), (2, 2.0), (0, 4.0)]),
+    ],
+)
+@pytest.mark.slow
 def test_dynamic_scale_properties(kwargs, initial_scale, growth_steps, trajectory):
     """tf.keras' test_getattr/test_dynamic_attrs: the defaults (2**15, 2000) or the given values; the counter
     counts clean steps and restarts when the scale grows (``trajectory``: counter and scale after each step)."""
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.0), **kwargs)
-    assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (True, 0, growth_steps,
-                                                                                               initial_scale)
+    assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (
+        True,
+        0,
+        growth_steps,
+        initial_scale,
+    )
     after_each_step = []
     for _ in range(3):
         opt.minimize(model)
@@ -437,8 +497,7 @@ def test_dynamic_scale_properties(kwargs, initial_scale, growth_steps, trajector
 def test_fixed_scale_properties_and_skips():
     model = Square()
     opt = LossScaleOptimizer(nn.SGD(model.trainable_params(), 0.1), dynamic=False, initial_scale=128.0)
-    assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (False, None, None,
-                                                                                               128.0)
+    assert (opt.dynamic, opt.dynamic_counter, opt.dynamic_growth_steps, opt.initial_scale) == (False, None, None, 128.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         assert bool(opt.apply_gradients((Tensor(np.float32(np.inf)),)).asnumpy())  # Keras 2 would apply inf
@@ -450,10 +509,14 @@ def _read(outputs):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("scale_loss, unscale, pattern", [
-    (True, False, "loss_scale times too large"),
-    (False, True, "1/loss_scale of the true gradients"),
-])
+@pytest.mark.parametrize(
+    "scale_loss, unscale, pattern",
+    [
+        (True, False, "loss_scale times too large"),
+        (False, True, "1/loss_scale of the true gradients"),
+    ],
+)
+@pytest.mark.slow
 def test_wrongly_scaled_gradients_are_refused(compiled, scale_loss, unscale, pattern):
     net = regression_net()
     opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05))
@@ -481,6 +544,7 @@ def test_wrongly_scaled_gradients_are_refused(compiled, scale_loss, unscale, pat
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_every_iteration_is_checked_afresh(compiled):
     """The scaling calls are recorded per iteration: after a correct iteration, one that scales the loss but not
     the gradients (or the other way round) is refused too, not let through by the previous iteration's records."""
@@ -586,11 +650,13 @@ def _gradient_method_step(method, compiled):
     its gradients from the wrapper: ``"recipe"`` is tf.keras' manual recipe (:func:`nets.keras_step`);
     ``"get_gradients"`` and ``"compute_gradients"`` are Keras' methods, then ``apply_gradients``."""
     net = regression_net()
-    opt = LossScaleOptimizer(nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2.0**10,
-                             dynamic_growth_steps=2)
+    opt = LossScaleOptimizer(
+        nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2.0**10, dynamic_growth_steps=2
+    )
     if method == "recipe":
         step = keras_step(net, opt)
     else:
+
         def step(x, y):
             def loss():
                 return net(x, y)
@@ -598,11 +664,13 @@ def _gradient_method_step(method, compiled):
             if method == "get_gradients":
                 return opt.apply_gradients(zip(opt.get_gradients(loss, opt.parameters), opt.parameters))
             return opt.apply_gradients(opt.compute_gradients(loss, opt.parameters))
+
     return net, opt, (ms.jit(step) if compiled else step)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("method", ["get_gradients", "compute_gradients"])
+@pytest.mark.slow
 def test_keras_gradient_methods_train_as_the_manual_recipe(method, compiled):
     """Keras' get_gradients (the documentation: "in methods minimize and get_gradients, it scales the loss and
     unscales the gradients") and compute_gradients were missing (AttributeError). Followed by apply_gradients they
@@ -617,8 +685,9 @@ def test_keras_gradient_methods_train_as_the_manual_recipe(method, compiled):
             skipped = [bool(_read(step(Tensor(x), Tensor(y)))) for _, _, step in (ours, control)]
             assert skipped == [index == 2] * 2
             assert changed_since(training_state(control[0]), ours[0]) == []
-            counters = [(_value(opt.loss_scale), opt.dynamic_counter, _value(opt.iterations)) for _, opt, _ in
-                        (ours, control)]
+            counters = [
+                (_value(opt.loss_scale), opt.dynamic_counter, _value(opt.iterations)) for _, opt, _ in (ours, control)
+            ]
             assert counters[0] == counters[1] and counters[1][2] == index + 1
     assert _value(control[1].loss_scale) == _keras_rule([F, F, T, F, F], 2.0**10, 2)[-1]
 
@@ -660,8 +729,12 @@ def _pair_makers(net, opt):
     def with_a_look_alike(grads):
         return [(grads[0], look_alike)] + list(zip(grads, in_optimizer_order))[1:]
 
-    return {"network order": network_order, "optimizer order": optimizer_order, "subset": subset,
-            "look-alike": with_a_look_alike}
+    return {
+        "network order": network_order,
+        "optimizer order": optimizer_order,
+        "subset": subset,
+        "look-alike": with_a_look_alike,
+    }
 
 
 def _one_keras_step(opt, net, pairs, compiled, x, y):
@@ -675,12 +748,19 @@ def _one_keras_step(opt, net, pairs, compiled, x, y):
 # not visible: the variables are not checked, the gradients apply by position (here computed for the optimizer's
 # parameters, so the mislabelled "network order" trains correctly), and MindSpore refuses gradients that do not
 # fit the optimizer ("subset") while compiling.
-PAIR_CASES = [(False, "network order", True), (False, "optimizer order", False), (False, "subset", True),
-              (False, "look-alike", True),
-              (True, "network order", False), (True, "optimizer order", False), (True, "subset", True)]
+PAIR_CASES = [
+    (False, "network order", True),
+    (False, "optimizer order", False),
+    (False, "subset", True),
+    (False, "look-alike", True),
+    (True, "network order", False),
+    (True, "optimizer order", False),
+    (True, "subset", True),
+]
 
 
 @pytest.mark.parametrize("compiled, make_pairs, refused", PAIR_CASES)
+@pytest.mark.slow
 def test_keras_pairs_must_name_the_inner_optimizers_parameters_in_order(compiled, make_pairs, refused):
     """Keras' (gradient, variable) pairs name each gradient's variable, but a MindSpore optimizer applies its i-th
     gradient to its i-th parameter: pairs in another order (a group-parameter optimizer lists its groups in turn)
@@ -717,13 +797,17 @@ def test_keras_pairs_under_bytecode_capture_are_refused_with_the_way_out():
     opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=2.0**10)
     step = ms.jit(keras_step(net, opt, lambda grads: list(zip(grads, opt.parameters))), capture_mode="bytecode")
     before = training_state(net)
-    with pytest.raises(ValueError, match=r"the variables of 'grads_and_vars' are plain Tensors, not the inner "
-                                         r"optimizer's Parameters.*Pass the gradients alone"):
+    with pytest.raises(
+        ValueError,
+        match=r"the variables of 'grads_and_vars' are plain Tensors, not the inner "
+        r"optimizer's Parameters.*Pass the gradients alone",
+    ):
         step(*(Tensor(a) for a in regression_batches(1)[0]))
     assert changed_since(before, net) == []
     assert (_value(opt.loss_scale), opt.dynamic_counter, opt.iterations.asnumpy().item()) == (2.0**10, 0, 0)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_exactly_in_another_wrapper(tmp_path):
     """MindSpore's checkpoint path: ``save_checkpoint(opt)`` holds the inner optimizer's state (with the weights
     it updates) and the wrapper's (scale, counter, under its ``name``); ``load_param_into_net`` into a new
@@ -734,8 +818,9 @@ def test_a_checkpoint_resumes_exactly_in_another_wrapper(tmp_path):
 
     def build(name):
         net = regression_net()
-        opt = LossScaleOptimizer(nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2.0**10,
-                                 dynamic_growth_steps=2, name=name)
+        opt = LossScaleOptimizer(
+            nn.Momentum(net.trainable_params(), 0.05, 0.9), initial_scale=2.0**10, dynamic_growth_steps=2, name=name
+        )
         return net, opt, keras_step(net, opt)
 
     def train(step, part):
@@ -763,13 +848,16 @@ def test_a_checkpoint_resumes_exactly_in_another_wrapper(tmp_path):
 def test_default_names_follow_the_inner_optimizer_so_wrappers_resume_in_any_order(tmp_path):
     """Two wrappers with default names, saved in one checkpoint and built again in the other order: each gets its
     own scale back. Named by creation order, the two states were swapped silently."""
+
     def build(order):
         nets = {role: regression_net(seed=seed) for seed, role in enumerate(("generator", "discriminator"))}
         for role, net in nets.items():
             for parameter in net.trainable_params():
                 parameter.name = f"{role}.{parameter.name}"
-        return {role: LossScaleOptimizer(nn.SGD(nets[role].trainable_params(), 0.05), initial_scale=scale)
-                for role, scale in order}
+        return {
+            role: LossScaleOptimizer(nn.SGD(nets[role].trainable_params(), 0.05), initial_scale=scale)
+            for role, scale in order
+        }
 
     saved = build([("generator", 1024.0), ("discriminator", 64.0)])
     path = str(tmp_path / "wrappers.ckpt")
@@ -783,18 +871,22 @@ def test_default_names_follow_the_inner_optimizer_so_wrappers_resume_in_any_orde
     for wrapper in resumed.values():
         not_loaded = ms.load_param_into_net(wrapper, checkpoint)[0]
         assert [name for name in not_loaded if name.startswith("loss_scale_opt")] == []
-    assert {role: _value(wrapper.loss_scale) for role, wrapper in resumed.items()} == {"generator": 1024.0,
-                                                                                       "discriminator": 64.0}
+    assert {role: _value(wrapper.loss_scale) for role, wrapper in resumed.items()} == {
+        "generator": 1024.0,
+        "discriminator": 64.0,
+    }
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_a_checkpoint_of_a_wrapper_with_another_growth_interval_is_reported(tmp_path, compiled):
     """Three clean steps counted under dynamic_growth_steps=4, loaded into a wrapper with 2: the count is beyond
     its window, reported when the step is compiled, before anything is applied; check_state() says it too."""
+
     def build(name, growth_steps):
         net = regression_net()
-        opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=2.0**10,
-                                 dynamic_growth_steps=growth_steps, name=name)
+        opt = LossScaleOptimizer(
+            nn.SGD(net.trainable_params(), 0.05), initial_scale=2.0**10, dynamic_growth_steps=growth_steps, name=name
+        )
         return net, opt, keras_step(net, opt)
 
     _, saved, step = build(f"keras_window4_{compiled}", 4)
@@ -816,10 +908,12 @@ def test_a_checkpoint_of_a_wrapper_with_another_growth_interval_is_reported(tmp_
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compiled):
     """As in tf.keras (a Python constant): a fixed wrapper holds no scale Parameter, so a checkpoint of a dynamic
     wrapper of the same name leaves its scale alone (was: the fixed scale silently became the saved one, while
     ``initial_scale`` still reported the fixed one)."""
+
     def build(name, **kwargs):
         net = regression_net()
         return net, LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), name=name, **kwargs)
@@ -844,6 +938,7 @@ def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compil
         np.testing.assert_array_equal(training_state(net)[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 def test_eager_and_compiled_give_identical_training():
     results = []
     for compiled in (False, True):
@@ -865,12 +960,15 @@ def test_two_wrappers_in_one_graph():
     models = [Square(1.0), Square(2.0)]
     for index, model in enumerate(models):
         model.var.name = f"var{index}"
-    opts = [LossScaleOptimizer(own_names(nn.SGD(m.trainable_params(), 0.25), f"opt{i}"), initial_scale=8.0)
-            for i, m in enumerate(models)]
+    opts = [
+        LossScaleOptimizer(own_names(nn.SGD(m.trainable_params(), 0.25), f"opt{i}"), initial_scale=8.0)
+        for i, m in enumerate(models)
+    ]
 
     def forward_fn(model, opt):
         def forward():
             return opt.get_scaled_loss(model())
+
         return ms.value_and_grad(forward, None, opt.parameters)
 
     grad_fns = [forward_fn(m, o) for m, o in zip(models, opts)]
@@ -889,6 +987,7 @@ def test_two_wrappers_in_one_graph():
 
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE], ids=["graph_mode", "pynative"])
 @pytest.mark.parametrize("call", ["apply_gradients", "call"])
+@pytest.mark.slow
 def test_a_refused_apply_leaves_the_wrapper_usable(mode, call):
     """In GRAPH_MODE (and now in PyNative) the apply step is a compiled Cell, and on MindSpore 2.10 a compiled Cell
     that raised fails at every later call ("Invalid output number for flatten stub output nodes"): after one

@@ -1,4 +1,5 @@
 """Managers: MindSpore's API and defaults, validation, host policy, device mirroring, state_dict."""
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -30,11 +31,14 @@ def test_positional_arguments_follow_mindspore():
     assert FixedLossScaleManager(1024.0, False).get_drop_overflow_update() is False
 
 
-@pytest.mark.parametrize("kwargs, increase, decrease", [
-    ({}, 2, 0.5),
-    ({"scale_factor": 4}, 4, 0.25),
-    ({"scale_factor": 4, "backoff_factor": 0.75}, 4, 0.75),  # ours only: MindSpore's is always 1 / scale_factor
-])
+@pytest.mark.parametrize(
+    "kwargs, increase, decrease",
+    [
+        ({}, 2, 0.5),
+        ({"scale_factor": 4}, 4, 0.25),
+        ({"scale_factor": 4, "backoff_factor": 0.75}, 4, 0.75),  # ours only: MindSpore's is always 1 / scale_factor
+    ],
+)
 def test_mindspores_ratio_names_report_the_rule(kwargs, increase, decrease):
     manager = DynamicLossScaleManager(**kwargs)
     assert (manager.increase_ratio, manager.decrease_ratio) == (increase, decrease)
@@ -44,20 +48,23 @@ def test_mindspores_ratio_names_report_the_rule(kwargs, increase, decrease):
         assert (theirs.increase_ratio, theirs.decrease_ratio) == (increase, decrease)
 
 
-@pytest.mark.parametrize("factory, error, pattern", [
-    (lambda: DynamicLossScaleManager(scale_factor=0.5), ValueError, r"'scale_factor'.*\(1.0, .*0.5"),
-    (lambda: DynamicLossScaleManager(scale_window=0), ValueError, r"'scale_window'.*\[1, .*0"),
-    (lambda: DynamicLossScaleManager(scale_window=1.5), TypeError, r"'scale_window'.*1.5"),
-    (lambda: DynamicLossScaleManager(init_loss_scale=0.5), ValueError, r"'init_loss_scale'.*0.5"),
-    (lambda: DynamicLossScaleManager(init_loss_scale=float("inf")), ValueError, r"'init_loss_scale'.*inf"),
-    (lambda: DynamicLossScaleManager(hysteresis=0), ValueError, r"'hysteresis'.*0"),
-    (lambda: DynamicLossScaleManager(backoff_factor=2.0), ValueError, r"'backoff_factor'.*2.0"),
-    (lambda: DynamicLossScaleManager(max_loss_scale=8.0), ValueError, r"'init_loss_scale'"),
-    (lambda: FixedLossScaleManager(loss_scale=0.5), ValueError, r"'loss_scale'.*0.5"),
-    (lambda: FixedLossScaleManager(loss_scale=float("nan")), ValueError, r"'loss_scale'.*nan"),
-    (lambda: FixedLossScaleManager(loss_scale="128"), TypeError, r"'loss_scale'"),
-    (lambda: FixedLossScaleManager(drop_overflow_update="no"), TypeError, r"'drop_overflow_update'"),
-])
+@pytest.mark.parametrize(
+    "factory, error, pattern",
+    [
+        (lambda: DynamicLossScaleManager(scale_factor=0.5), ValueError, r"'scale_factor'.*\(1.0, .*0.5"),
+        (lambda: DynamicLossScaleManager(scale_window=0), ValueError, r"'scale_window'.*\[1, .*0"),
+        (lambda: DynamicLossScaleManager(scale_window=1.5), TypeError, r"'scale_window'.*1.5"),
+        (lambda: DynamicLossScaleManager(init_loss_scale=0.5), ValueError, r"'init_loss_scale'.*0.5"),
+        (lambda: DynamicLossScaleManager(init_loss_scale=float("inf")), ValueError, r"'init_loss_scale'.*inf"),
+        (lambda: DynamicLossScaleManager(hysteresis=0), ValueError, r"'hysteresis'.*0"),
+        (lambda: DynamicLossScaleManager(backoff_factor=2.0), ValueError, r"'backoff_factor'.*2.0"),
+        (lambda: DynamicLossScaleManager(max_loss_scale=8.0), ValueError, r"'init_loss_scale'"),
+        (lambda: FixedLossScaleManager(loss_scale=0.5), ValueError, r"'loss_scale'.*0.5"),
+        (lambda: FixedLossScaleManager(loss_scale=float("nan")), ValueError, r"'loss_scale'.*nan"),
+        (lambda: FixedLossScaleManager(loss_scale="128"), TypeError, r"'loss_scale'"),
+        (lambda: FixedLossScaleManager(drop_overflow_update="no"), TypeError, r"'drop_overflow_update'"),
+    ],
+)
 def test_bad_arguments(factory, error, pattern):
     with pytest.raises(error, match=pattern):
         factory()
@@ -78,8 +85,16 @@ def test_host_update_follows_the_policy():
     assert got == expected
 
 
-MINDSPORE_BOOKKEEPING = ("cur_iter", "last_overflow_iter", "bad_step", "bad_step_max", "increase_ratio",
-                         "decrease_ratio", "scale_factor", "scale_window")
+MINDSPORE_BOOKKEEPING = (
+    "cur_iter",
+    "last_overflow_iter",
+    "bad_step",
+    "bad_step_max",
+    "increase_ratio",
+    "decrease_ratio",
+    "scale_factor",
+    "scale_window",
+)
 
 
 def _bookkeeping(manager):
@@ -193,8 +208,7 @@ def test_state_dict_round_trip_into_a_fresh_manager_and_its_cell():
         source.update_loss_scale(flag)
     target = DynamicLossScaleManager(2**10, 2, 3, hysteresis=2)
     target.load_state_dict(source.state_dict())
-    assert target.state_dict() == source.state_dict() == {"loss_scale": 1024.0, "good_steps": 1,
-                                                          "hysteresis_left": 1}
+    assert target.state_dict() == source.state_dict() == {"loss_scale": 1024.0, "good_steps": 1, "hysteresis_left": 1}
     driver = UpdateCellDriver(target.get_update_cell())
     driver.run([False, False])
     assert target.get_loss_scale() == 2048.0

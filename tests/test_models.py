@@ -1,4 +1,5 @@
 """Reference networks and the bundled digits data pipeline."""
+
 import inspect
 import os
 import sys
@@ -31,8 +32,9 @@ def test_split_is_deterministic_stratified_and_disjoint():
         train_test_split(images, labels, test_fraction=1.0)
 
 
-@pytest.mark.parametrize("layout, shape", [("flat", (3, 64)), ("image32", (3, 1, 32, 32)), ("image8", (3, 1, 8, 8)),
-                                           ("tokens", (3, 8, 8))])
+@pytest.mark.parametrize(
+    "layout, shape", [("flat", (3, 64)), ("image32", (3, 1, 32, 32)), ("image8", (3, 1, 8, 8)), ("tokens", (3, 8, 8))]
+)
 def test_layouts(layout, shape):
     images, _ = load_digits()
     out = to_layout(images[:3], layout)
@@ -73,6 +75,7 @@ def test_unknown_model():
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.slow
 def test_models_train_a_step_in_fp16_with_dynamic_scaling(name):
     from mindspore import nn
 
@@ -81,9 +84,13 @@ def test_models_train_a_step_in_fp16_with_dynamic_scaling(name):
     net = create_model(name)
     images, labels = load_digits()
     before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    step = build_train_network(net, nn.Adam(net.trainable_params(), 1e-3),
-                               nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), level="O3",
-                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10))
+    step = build_train_network(
+        net,
+        nn.Adam(net.trainable_params(), 1e-3),
+        nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+        level="O3",
+        loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10),
+    )
     loss, overflow, _ = step(Tensor(to_layout(images[:8], net.input_layout)), Tensor(labels[:8]))
     assert np.isfinite(loss.asnumpy()) and not bool(overflow.asnumpy())
     assert any(not np.array_equal(before[p.name], p.asnumpy()) for p in net.trainable_params())
@@ -103,9 +110,13 @@ def test_a_model_trains_at_amp_level_o1(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where MindSpore writes the rewritten source
     net = create_model("mlp")
     images, labels = load_digits()
-    step = build_train_network(net, nn.Adam(net.trainable_params(), 1e-3),
-                               nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), level="O1",
-                               loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10))
+    step = build_train_network(
+        net,
+        nn.Adam(net.trainable_params(), 1e-3),
+        nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"),
+        level="O1",
+        loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**10),
+    )
     loss, overflow, _ = step(Tensor(to_layout(images[:8], net.input_layout)), Tensor(labels[:8]))
     assert np.isfinite(loss.asnumpy()) and not bool(overflow.asnumpy())
     assert type(step.network._backbone).__name__.startswith("MLPOpt")

@@ -1,21 +1,34 @@
 """Overflow detection: backend selection (pure), the exact CPU check, and each backend's check object
 driven by CPU stand-ins of its primitive (tests/backend_standins.py)."""
+
+import mindspore as ms
 import numpy as np
 import pytest
-import mindspore as ms
+from backend_standins import AllFiniteStandIn, FloatStatusStandIn, SaturatingNet, StatusRegister, status_input
 from mindspore import ParameterTuple, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
-
-from backend_standins import (AllFiniteStandIn, FloatStatusStandIn, SaturatingNet, StatusRegister,
-                              status_input)
-from lossscale import (DynamicLossScaleManager, LossScaler, TrainOneStepWithLossScaleCell,
-                       choose_overflow_check, get_preset)
-from lossscale.core.compat import ascend_saturation_only
-from lossscale.core.overflow import (AllFiniteCheck, AscendSaturationCheck, FloatStatusCheck, IsFiniteCheck,
-                                     current_overflow_check, fingerprint, initial_status, make_overflow_check,
-                                     nonfinite_indicator)
-from lossscale.core.policy import run
 from nets import changed_since, regression_batches, regression_net, training_state
+
+from lossscale import (
+    DynamicLossScaleManager,
+    LossScaler,
+    TrainOneStepWithLossScaleCell,
+    choose_overflow_check,
+    get_preset,
+)
+from lossscale.core.compat import ascend_saturation_only
+from lossscale.core.overflow import (
+    AllFiniteCheck,
+    AscendSaturationCheck,
+    FloatStatusCheck,
+    IsFiniteCheck,
+    current_overflow_check,
+    fingerprint,
+    initial_status,
+    make_overflow_check,
+    nonfinite_indicator,
+)
+from lossscale.core.policy import run
 
 SELECTION = [
     # device target, MS_ASCEND_CHECK_OVERFLOW_MODE, SoC saturation-only (910A), expected check
@@ -35,10 +48,13 @@ def test_choose_overflow_check(device_target, mode, saturation_only, expected):
     assert choose_overflow_check(device_target, mode, saturation_only) == expected
 
 
-@pytest.mark.parametrize("args, pattern", [
-    (("TPU",), "'device_target'.*'TPU'"),
-    (("Ascend", "FAST_MODE"), "'ascend_mode'.*'FAST_MODE'"),
-])
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (("TPU",), "'device_target'.*'TPU'"),
+        (("Ascend", "FAST_MODE"), "'ascend_mode'.*'FAST_MODE'"),
+    ],
+)
 def test_choose_overflow_check_rejects_unknown_values(args, pattern):
     with pytest.raises(ValueError, match=pattern):
         choose_overflow_check(*args)
@@ -125,8 +141,7 @@ def fingerprint_of():
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("shape", [(1024, 784), (6, 1, 5, 5), (7,)])
-def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_values_are(fingerprint_of, dtype,
-                                                                                         shape):
+def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_values_are(fingerprint_of, dtype, shape):
     """What GradScaler.step() relies on to refuse the scaled gradients unscale_() was given. A float64 gradient
     gave 0 (so the refusal never fired and S-times gradients were applied), and its sum beyond float32's range
     would have been inf."""
@@ -159,13 +174,17 @@ def _core_flag_in_graph(grads):
     return _CORE.flag(None, grads)
 
 
-@pytest.mark.parametrize("of_gradients", [_indicator_in_graph, _fingerprint_in_graph, _core_flag_in_graph],
-                         ids=["indicator", "fingerprint", "LossScaler.flag"])
+@pytest.mark.parametrize(
+    "of_gradients",
+    [_indicator_in_graph, _fingerprint_in_graph, _core_flag_in_graph],
+    ids=["indicator", "fingerprint", "LossScaler.flag"],
+)
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf, -np.inf])
 def test_gradients_given_to_a_compiled_function_keep_their_nan_and_inf(of_gradients, bad):
     """Gradients passed into a mindspore.jit function (without mutable) are constants of its graph, and MindSpore
     2.10 folds reduce_sum(g * 0) of [[nan, 1.0]] to 0: without the isfinite probe for constants, the core's check
     in a custom loop's compiled function took such gradients for finite ones (measured)."""
+
     @ms.jit
     def compiled(grads):
         return of_gradients(grads)
@@ -184,16 +203,20 @@ def test_a_float64_fingerprint_grows_with_the_sum_over_float64s_whole_range(fing
     assert fingerprint_of(np.array([1e280 * 2.0**64 / 1024], np.float64)) < prints[-1]
 
 
-@pytest.mark.parametrize("check, op", [
-    ("float_status", "FloatStatus"),
-    ("ascend_saturation", "NPUClearFloatStatusV2"),
-    ("ascend_allfinite", "AllFinite"),
-])
+@pytest.mark.parametrize(
+    "check, op",
+    [
+        ("float_status", "FloatStatus"),
+        ("ascend_saturation", "NPUClearFloatStatusV2"),
+        ("ascend_allfinite", "AllFinite"),
+    ],
+)
 def test_gpu_and_ascend_branches_build_their_backend_op(check, op):
     """The branch compiles through type inference; CPU kernel selection then rejects exactly its op."""
     net = regression_net()
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(4.0, mstype.float32),
-                                         overflow_check=check)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), Tensor(4.0, mstype.float32), overflow_check=check
+    )
     with pytest.raises(RuntimeError, match=rf"Unsupported op \[{op}\] on CPU"):
         step(Tensor(np.ones((4, 6), np.float32)), Tensor(np.ones((4, 3), np.float32)))
 
@@ -243,7 +266,8 @@ def test_unscaling_divides_a_sparse_gradients_values_and_keeps_its_indices():
     """A RowTensor gradient is unscaled through its values (returning it as it came passed the suite)."""
     cell = _SparseGradientUnscaled(LossScaler(8.0, name="sparse_unscale"))
     values, indices, weight, unscaled_values, unscaled_indices, unscaled_weight = (
-        out.asnumpy() for out in cell(Tensor(np.array([[1, 2], [3, 4]], np.int32)), Tensor(np.float32(0.5))))
+        out.asnumpy() for out in cell(Tensor(np.array([[1, 2], [3, 4]], np.int32)), Tensor(np.float32(0.5)))
+    )
     assert np.abs(values).min() > 0 and unscaled_values.tolist() == (values / 8).tolist()
     assert unscaled_indices.tolist() == indices.tolist() == [1, 2, 3, 4]
     assert unscaled_weight.tolist() == (weight / 8).tolist()
@@ -272,11 +296,16 @@ class _ContextBefore210:
         return self.version
 
 
-@pytest.mark.parametrize("context, expected", [
-    (_Context210(True), True), (_Context210(False), False),
-    (_ContextBefore210("ascend910"), True), (_ContextBefore210("ascend910b"), False),
-    (_ContextBefore210("ascend910_93"), False),
-])
+@pytest.mark.parametrize(
+    "context, expected",
+    [
+        (_Context210(True), True),
+        (_Context210(False), False),
+        (_ContextBefore210("ascend910"), True),
+        (_ContextBefore210("ascend910b"), False),
+        (_ContextBefore210("ascend910_93"), False),
+    ],
+)
 def test_ascend_saturation_only_on_every_mindspore(context, expected):
     assert ascend_saturation_only(context) is expected
 
@@ -291,24 +320,29 @@ class _NoSoCHere:
         raise AssertionError("the Ascend SoC version was asked on another device")
 
 
-@pytest.mark.parametrize("device_target, mode, context, expected", [
-    ("CPU", None, _NoSoCHere(), "isfinite"),
-    ("CPU", "SATURATION_MODE", _NoSoCHere(), "isfinite"),
-    ("GPU", "", _NoSoCHere(), "float_status"),
-    ("Ascend", None, _Context210(True), "ascend_saturation"),
-    ("Ascend", "", _ContextBefore210("ascend910"), "ascend_saturation"),
-    ("Ascend", "", _Context210(False), "ascend_allfinite"),
-    ("Ascend", "SATURATION_MODE", _ContextBefore210("ascend910b"), "ascend_saturation"),
-    ("Ascend", "INFNAN_MODE", _Context210(False), "ascend_allfinite"),
-])
-def test_current_overflow_check_reads_the_device_the_environment_and_the_soc(monkeypatch, device_target, mode,
-                                                                              context, expected):
+@pytest.mark.parametrize(
+    "device_target, mode, context, expected",
+    [
+        ("CPU", None, _NoSoCHere(), "isfinite"),
+        ("CPU", "SATURATION_MODE", _NoSoCHere(), "isfinite"),
+        ("GPU", "", _NoSoCHere(), "float_status"),
+        ("Ascend", None, _Context210(True), "ascend_saturation"),
+        ("Ascend", "", _ContextBefore210("ascend910"), "ascend_saturation"),
+        ("Ascend", "", _Context210(False), "ascend_allfinite"),
+        ("Ascend", "SATURATION_MODE", _ContextBefore210("ascend910b"), "ascend_saturation"),
+        ("Ascend", "INFNAN_MODE", _Context210(False), "ascend_allfinite"),
+    ],
+)
+def test_current_overflow_check_reads_the_device_the_environment_and_the_soc(
+    monkeypatch, device_target, mode, context, expected
+):
     """The default of every train cell and front-end, with the device target and the SoC stood in for: the SoC is
     asked on Ascend only, and an empty MS_ASCEND_CHECK_OVERFLOW_MODE counts as unset (MindSpore takes any value
     but SATURATION_MODE as INFNAN mode)."""
     real_get_context = ms.get_context
-    monkeypatch.setattr(ms, "get_context",
-                        lambda key: device_target if key == "device_target" else real_get_context(key))
+    monkeypatch.setattr(
+        ms, "get_context", lambda key: device_target if key == "device_target" else real_get_context(key)
+    )
     if mode is None:
         monkeypatch.delenv("MS_ASCEND_CHECK_OVERFLOW_MODE", raising=False)
     else:
@@ -316,11 +350,14 @@ def test_current_overflow_check_reads_the_device_the_environment_and_the_soc(mon
     assert current_overflow_check(context) == expected
 
 
-@pytest.mark.parametrize("value, error, pattern", [
-    ("tpu_status", ValueError, "'overflow_check'.*'tpu_status'"),
-    (42, TypeError, "'overflow_check'.*int"),
-    (nn.ReLU(), TypeError, r"start\(\) and flag\(\)"),
-])
+@pytest.mark.parametrize(
+    "value, error, pattern",
+    [
+        ("tpu_status", ValueError, "'overflow_check'.*'tpu_status'"),
+        (42, TypeError, "'overflow_check'.*int"),
+        (nn.ReLU(), TypeError, r"start\(\) and flag\(\)"),
+    ],
+)
 def test_make_overflow_check_rejects(value, error, pattern):
     with pytest.raises(error, match=pattern):
         make_overflow_check(value)
@@ -342,13 +379,15 @@ class _Flag(nn.Cell):
 
 @pytest.fixture(scope="module")
 def flag_cells():
-    return {"isfinite": _Flag(IsFiniteCheck()), "float_status": _Flag(FloatStatusCheck(FloatStatusStandIn())),
-            "ascend_allfinite": _Flag(AllFiniteCheck(AllFiniteStandIn()))}
+    return {
+        "isfinite": _Flag(IsFiniteCheck()),
+        "float_status": _Flag(FloatStatusCheck(FloatStatusStandIn())),
+        "ascend_allfinite": _Flag(AllFiniteCheck(AllFiniteStandIn())),
+    }
 
 
 # per check: the flag for (clean, one bad tensor, two bad tensors); nan means "non-finite"
-FLAG_TABLE = {"isfinite": (0.0, np.nan, np.nan), "float_status": (0.0, 1.0, 2.0),
-              "ascend_allfinite": (0.0, 1.0, 1.0)}
+FLAG_TABLE = {"isfinite": (0.0, np.nan, np.nan), "float_status": (0.0, 1.0, 2.0), "ascend_allfinite": (0.0, 1.0, 1.0)}
 
 
 @pytest.mark.parametrize("name", sorted(FLAG_TABLE))
@@ -359,8 +398,10 @@ def test_check_flag_values_and_polarity(flag_cells, name, bad):
     one_bad[0][2, 1] = bad
     two_bad = (one_bad[0], clean[1].copy())
     two_bad[1][4] = bad
-    got = [float(flag_cells[name](mutable(tuple(Tensor(g) for g in grads))).asnumpy())
-           for grads in (clean, one_bad, two_bad)]
+    got = [
+        float(flag_cells[name](mutable(tuple(Tensor(g) for g in grads))).asnumpy())
+        for grads in (clean, one_bad, two_bad)
+    ]
     np.testing.assert_array_equal(got, FLAG_TABLE[name])
 
 
@@ -377,8 +418,9 @@ def test_train_cell_with_standin_check_skips_and_follows_the_policy(name):
     """The GPU and Ascend INFNAN logic in the train cell: skip exactly on inf/nan, scale as the policy."""
     net = regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05), manager.get_update_cell(),
-                                         overflow_check=_standin_check(name))
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.05), manager.get_update_cell(), overflow_check=_standin_check(name)
+    )
     flags = [False, True, False, False, True, False]
     for flag, (x, y) in zip(flags, regression_batches(len(flags))):
         if flag:
@@ -399,8 +441,11 @@ def saturation_cells():
     for forward in (False, True):
         net = SaturatingNet(register, forward=forward)
         cells[forward] = TrainOneStepWithLossScaleCell(
-            net, nn.SGD(net.trainable_params(), 0.1), DynamicLossScaleManager(2**10, 2, 100).get_update_cell(),
-            overflow_check=AscendSaturationCheck(register.clear_status, register.get_status))
+            net,
+            nn.SGD(net.trainable_params(), 0.1),
+            DynamicLossScaleManager(2**10, 2, 100).get_update_cell(),
+            overflow_check=AscendSaturationCheck(register.clear_status, register.get_status),
+        )
     net = SaturatingNet(register)
     isfinite = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(2.0**10))
     return register, cells, isfinite
@@ -413,7 +458,7 @@ def test_ascend_saturation_check_reads_the_backward_and_only_the_backward(satura
     # x = 200 makes the backward saturate at scale 1024 (1024 * 200 / 3 > 65504); x = 1 does not. With
     # forward_saturates the forward pass sets the register on every step: cleared before backward, not counted.
     expected = [(1.0, False, 1024.0), (200.0, True, 512.0), (1.0, False, 512.0), (1.0, False, 512.0)]
-    order = ["forward", "forward", "clear", "backward", "get", "clear"][0 if forward_saturates else 1:]
+    order = ["forward", "forward", "clear", "backward", "get", "clear"][0 if forward_saturates else 1 :]
     for x, overflow, scale in expected:
         register.log.clear()
         w = step.network.w.asnumpy().copy()
@@ -429,9 +474,13 @@ def test_with_clipping_the_saturation_register_still_decides():
     are finite: in saturation mode the register must still be read, or the norm alone would apply the step."""
     register = StatusRegister()
     net = SaturatingNet(register)
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(2.0**10)),
-                                         clip_global_norm=1.0,
-                                         overflow_check=AscendSaturationCheck(register.clear_status, register.get_status))
+    step = TrainOneStepWithLossScaleCell(
+        net,
+        nn.SGD(net.trainable_params(), 0.1),
+        Tensor(np.float32(2.0**10)),
+        clip_global_norm=1.0,
+        overflow_check=AscendSaturationCheck(register.clear_status, register.get_status),
+    )
     for x, overflow in [(200.0, True), (1.0, False)]:  # x = 200 saturates the backward at scale 1024
         w = step.network.w.asnumpy().copy()
         assert bool(step(Tensor(np.array([1.0, 2.0, x], np.float32)))[1].asnumpy()) == overflow
@@ -446,6 +495,7 @@ def test_saturated_gradients_are_finite_so_isfinite_would_miss_them(saturation_c
 
 class _StatusSum(nn.Cell):
     """A check whose flag is the sum of the status it is given, so what LossScaler.flag passes on shows."""
+
     name = "status_sum"
 
     @staticmethod
@@ -477,7 +527,7 @@ def test_core_graph_methods_use_a_given_scale_else_their_own():
     for scale, expected in ((None, 8.0), (given, 4.0)):
         sens = core.sens(loss, scale)
         assert sens.dtype == mstype.float16 and sens.asnumpy().tolist() == [expected] * 2
-        grad, = core.unscale((Tensor(np.array([8.0, 16.0], np.float16)),), scale)
+        (grad,) = core.unscale((Tensor(np.array([8.0, 16.0], np.float16)),), scale)
         assert grad.dtype == mstype.float16 and grad.asnumpy().tolist() == [8.0 / expected, 16.0 / expected]
         with pytest.warns(UserWarning, match="outside a function being differentiated: the scaled loss carries no"):
             scaled = core.scale(loss, scale)
@@ -485,6 +535,7 @@ def test_core_graph_methods_use_a_given_scale_else_their_own():
 
 
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "parameter"])
+@pytest.mark.slow
 def test_core_get_scale_inside_a_compiled_function(frozen):
     """A frozen scale is a Python float even while tracing (a constant of the graph, nothing read); a Parameter is
     read when the graph runs, so a later set_scale reaches the compiled function."""

@@ -1,4 +1,5 @@
 """The pure policy: trajectory tables (jmp style) and argument validation."""
+
 import math
 import types
 
@@ -22,34 +23,55 @@ F32_MAX = float(np.finfo(np.float32).max)
 # (policy kwargs, overflow flags, expected scale after every step)
 TRAJECTORIES = {
     "grows_on_the_window_th_clean_step": (
-        dict(init_scale=8.0, growth_interval=3), [F, F, F, F, F, F], [8, 8, 16, 16, 16, 32]),
-    "window_1_grows_every_step": (
-        dict(init_scale=1.0, growth_interval=1), [F, F, F], [2, 4, 8]),
+        dict(init_scale=8.0, growth_interval=3),
+        [F, F, F, F, F, F],
+        [8, 8, 16, 16, 16, 32],
+    ),
+    "window_1_grows_every_step": (dict(init_scale=1.0, growth_interval=1), [F, F, F], [2, 4, 8]),
     "overflow_backs_off_and_resets_the_window": (
-        dict(init_scale=8.0, growth_interval=2), [F, T, F, F, T, T], [8, 4, 4, 8, 4, 2]),
-    "floor_at_one_by_default": (
-        dict(init_scale=2.0, growth_interval=100), [T, T, T], [1, 1, 1]),
-    "floor_at_min_scale": (
-        dict(init_scale=64.0, growth_interval=100, min_scale=16.0), [T, T, T, T], [32, 16, 16, 16]),
+        dict(init_scale=8.0, growth_interval=2),
+        [F, T, F, F, T, T],
+        [8, 4, 4, 8, 4, 2],
+    ),
+    "floor_at_one_by_default": (dict(init_scale=2.0, growth_interval=100), [T, T, T], [1, 1, 1]),
+    "floor_at_min_scale": (dict(init_scale=64.0, growth_interval=100, min_scale=16.0), [T, T, T, T], [32, 16, 16, 16]),
     "no_floor_flushes_subnormals_to_zero": (  # below the smallest normal float32 the scale is 0
-        dict(init_scale=2.0**-124, growth_interval=100, min_scale=0.0), [T] * 4, [2.0**-125, 2.0**-126, 0.0, 0.0]),
-    "ceiling_caps_growth": (
-        dict(init_scale=100.0, growth_interval=1, max_scale=300.0), [F, F, F], [200, 300, 300]),
+        dict(init_scale=2.0**-124, growth_interval=100, min_scale=0.0),
+        [T] * 4,
+        [2.0**-125, 2.0**-126, 0.0, 0.0],
+    ),
+    "ceiling_caps_growth": (dict(init_scale=100.0, growth_interval=1, max_scale=300.0), [F, F, F], [200, 300, 300]),
     "never_grows_to_inf": (
-        dict(init_scale=2.0**127, growth_interval=1), [F, F, T, F], [2.0**127, 2.0**127, 2.0**126, 2.0**127]),
+        dict(init_scale=2.0**127, growth_interval=1),
+        [F, F, T, F],
+        [2.0**127, 2.0**127, 2.0**126, 2.0**127],
+    ),
     "factor_4_backoff_quarter": (
-        dict(init_scale=256.0, growth_factor=4.0, growth_interval=1), [F, T, T], [1024, 256, 64]),
-    "explicit_backoff_factor": (
-        dict(init_scale=256.0, backoff_factor=0.25, growth_interval=10), [T, T], [64, 16]),
+        dict(init_scale=256.0, growth_factor=4.0, growth_interval=1),
+        [F, T, T],
+        [1024, 256, 64],
+    ),
+    "explicit_backoff_factor": (dict(init_scale=256.0, backoff_factor=0.25, growth_interval=10), [T, T], [64, 16]),
     "hysteresis_2_backs_off_on_second_overflow": (
-        dict(init_scale=64.0, growth_interval=3, hysteresis=2), [T, T, T, F, F, F, T], [64, 32, 16, 16, 16, 32, 32]),
+        dict(init_scale=64.0, growth_interval=3, hysteresis=2),
+        [T, T, T, F, F, F, T],
+        [64, 32, 16, 16, 16, 32, 32],
+    ),
     "hysteresis_default_mode_not_refilled_by_clean_step": (
-        dict(init_scale=64.0, growth_interval=10, hysteresis=2), [T, F, T], [64, 64, 32]),
+        dict(init_scale=64.0, growth_interval=10, hysteresis=2),
+        [T, F, T],
+        [64, 64, 32],
+    ),
     "hysteresis_consecutive_mode_refilled_by_clean_step": (
         dict(init_scale=64.0, growth_interval=10, hysteresis=2, consecutive_hysteresis=True),
-        [T, F, T, T], [64, 64, 64, 32]),
+        [T, F, T, T],
+        [64, 64, 64, 32],
+    ),
     "hysteresis_absorbed_overflow_still_resets_window": (
-        dict(init_scale=64.0, growth_interval=2, hysteresis=3), [F, T, F, F], [64, 64, 64, 128]),
+        dict(init_scale=64.0, growth_interval=2, hysteresis=3),
+        [F, T, F, F],
+        [64, 64, 64, 128],
+    ),
 }
 
 
@@ -63,9 +85,17 @@ def test_trajectory_table(name):
 def test_mindspore_defaults():
     policy = LossScalePolicy()
     assert (policy.init_scale, policy.growth_factor, policy.backoff_factor, policy.growth_interval) == (
-        2.0**24, 2.0, 0.5, 2000)
+        2.0**24,
+        2.0,
+        0.5,
+        2000,
+    )
     assert (policy.hysteresis, policy.consecutive_hysteresis, policy.min_scale, policy.max_scale) == (
-        1, False, 1.0, None)
+        1,
+        False,
+        1.0,
+        None,
+    )
 
 
 def test_backoff_default_is_float32_reciprocal():
@@ -132,14 +162,17 @@ def test_init_scale_below_one_allowed_when_min_scale_allows():
     assert LossScalePolicy(init_scale=0.25, min_scale=0.0).init_scale == 0.25
 
 
-@pytest.mark.parametrize("state, field", [
-    (LossScaleState(scale=0.5), "state.scale"),
-    (LossScaleState(scale=2.0**17), "state.scale"),  # above max_scale
-    (LossScaleState(scale=4.0, good_steps=4), "state.good_steps"),
-    (LossScaleState(scale=4.0, good_steps=-1), "state.good_steps"),
-    (LossScaleState(scale=4.0, hysteresis_left=0), "state.hysteresis_left"),
-    (LossScaleState(scale=4.0, hysteresis_left=3), "state.hysteresis_left"),
-])
+@pytest.mark.parametrize(
+    "state, field",
+    [
+        (LossScaleState(scale=0.5), "state.scale"),
+        (LossScaleState(scale=2.0**17), "state.scale"),  # above max_scale
+        (LossScaleState(scale=4.0, good_steps=4), "state.good_steps"),
+        (LossScaleState(scale=4.0, good_steps=-1), "state.good_steps"),
+        (LossScaleState(scale=4.0, hysteresis_left=0), "state.hysteresis_left"),
+        (LossScaleState(scale=4.0, hysteresis_left=3), "state.hysteresis_left"),
+    ],
+)
 def test_check_state_rejects_unreachable_states(state, field):
     with pytest.raises(ValueError, match=field):
         check_state(LossScalePolicy(init_scale=8.0, growth_interval=4, hysteresis=2, max_scale=2.0**16), state)
@@ -148,14 +181,17 @@ def test_check_state_rejects_unreachable_states(state, field):
 _POLICY = LossScalePolicy(init_scale=8.0, growth_interval=2)
 
 
-@pytest.mark.parametrize("arguments, error, pattern", [
-    ((None, LossScaleState(scale=8.0), True), TypeError, "'policy' must be a LossScalePolicy, but got NoneType"),
-    ((_POLICY, None, True), TypeError, "'state' must be a LossScaleState .*, but got NoneType"),
-    ((_POLICY, LossScaleState(scale=8.0), "no"), TypeError, "'overflow' must be a bool, but got 'no' of type str"),
-    ((_POLICY, LossScaleState(scale=8.0), 1), TypeError, "'overflow' must be a bool, but got 1 of type int"),
-    ((_POLICY, LossScaleState(scale=8.0, good_steps=5), False), ValueError, "state.good_steps"),
-    ((_POLICY, LossScaleState(scale=float("nan")), False), ValueError, "state.scale"),
-])
+@pytest.mark.parametrize(
+    "arguments, error, pattern",
+    [
+        ((None, LossScaleState(scale=8.0), True), TypeError, "'policy' must be a LossScalePolicy, but got NoneType"),
+        ((_POLICY, None, True), TypeError, "'state' must be a LossScaleState .*, but got NoneType"),
+        ((_POLICY, LossScaleState(scale=8.0), "no"), TypeError, "'overflow' must be a bool, but got 'no' of type str"),
+        ((_POLICY, LossScaleState(scale=8.0), 1), TypeError, "'overflow' must be a bool, but got 1 of type int"),
+        ((_POLICY, LossScaleState(scale=8.0, good_steps=5), False), ValueError, "state.good_steps"),
+        ((_POLICY, LossScaleState(scale=float("nan")), False), ValueError, "state.scale"),
+    ],
+)
 def test_update_refuses_what_no_step_can_be(arguments, error, pattern):
     """The specification ran on anything: a flag "no" (truthy) backed off, a state past the growth window grew, an
     AttributeError for a missing state. Now each is refused, naming the argument."""
@@ -169,10 +205,14 @@ def test_run_takes_bools_and_numpy_bools_only():
         run(_POLICY, "TF")  # was two overflows, one per character
 
 
-@pytest.mark.parametrize("policy, overflows, bound, outward", [
-    (LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7), [True] * 3, 0.7, 0.0),
-    (LossScalePolicy(init_scale=0.25, growth_interval=1, min_scale=0.0, max_scale=0.3), [False] * 3, 0.3, 1.0),
-], ids=["floor", "ceiling"])
+@pytest.mark.parametrize(
+    "policy, overflows, bound, outward",
+    [
+        (LossScalePolicy(init_scale=1.0, growth_interval=5, min_scale=0.7), [True] * 3, 0.7, 0.0),
+        (LossScalePolicy(init_scale=0.25, growth_interval=1, min_scale=0.0, max_scale=0.3), [False] * 3, 0.3, 1.0),
+    ],
+    ids=["floor", "ceiling"],
+)
 def test_check_state_accepts_the_float32_bound_the_rule_reaches(policy, overflows, bound, outward):
     """A bound that float32 rounds outward (the floor 0.7 -> 0.69999999, the ceiling 0.3 -> 0.30000001) is a state
     the rule reaches; a hair further out is not."""

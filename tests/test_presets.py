@@ -1,6 +1,7 @@
 """Presets against independent re-implementations of each original rule (written from each library's source),
 and, where the library is installed (tests marked ``reference``), against the original itself: PyTorch's
 ``_amp_update_scale_``, DeepSpeed's ``DynamicLossScaler`` and Megatron-core's ``DynamicGradScaler``."""
+
 import math
 
 import numpy as np
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 
 
 # ---- the originals, written from each library's source (not from lossscale.core.policy) --------------------
+
 
 def torch_rule(flags, scale=2.0**16, growth=2.0, backoff=0.5, interval=2000):
     """torch._amp_update_scale_: no floor; a non-finite growth keeps the scale."""
@@ -176,29 +178,47 @@ def _random_flags(seed, n=400, rate=0.15):
 # (preset, overrides, the original rule with the same settings, overflow pattern)
 PRESET_CASES = [
     ("pytorch", dict(growth_interval=3), lambda f: torch_rule(f, interval=3), [F, F, F, T, T, F, F, F, F, F, F]),
-    ("pytorch", dict(), torch_rule, [T] * 170),                                    # reaches 0: no floor
-    ("pytorch", dict(init_scale=2.0**127, growth_interval=1), lambda f: torch_rule(f, 2.0**127, interval=1), [F, F, T, F]),
+    ("pytorch", dict(), torch_rule, [T] * 170),  # reaches 0: no floor
+    (
+        "pytorch",
+        dict(init_scale=2.0**127, growth_interval=1),
+        lambda f: torch_rule(f, 2.0**127, interval=1),
+        [F, F, T, F],
+    ),
     ("paddle", dict(growth_interval=3), lambda f: paddle_rule(f, incr_n=3), [T, F, T, T, T, T, T, F, F, F, T]),
-    ("paddle", dict(), paddle_rule, [T] * 330),                                     # no floor: 0
-    ("paddle_static", dict(growth_interval=2), lambda f: paddle_rule(f, incr_n=2, floor=1.0, guard=True),
-     [T, T, F, F, T, T, T, T] + [T] * 40),
-    ("paddle_static", dict(init_scale=2.0**127, growth_interval=1),
-     lambda f: paddle_rule(f, 2.0**127, incr_n=1, floor=1.0, guard=True), [F, F, F]),
+    ("paddle", dict(), paddle_rule, [T] * 330),  # no floor: 0
+    (
+        "paddle_static",
+        dict(growth_interval=2),
+        lambda f: paddle_rule(f, incr_n=2, floor=1.0, guard=True),
+        [T, T, F, F, T, T, T, T] + [T] * 40,
+    ),
+    (
+        "paddle_static",
+        dict(init_scale=2.0**127, growth_interval=1),
+        lambda f: paddle_rule(f, 2.0**127, incr_n=1, floor=1.0, guard=True),
+        [F, F, F],
+    ),
     ("keras", dict(growth_interval=2), lambda f: keras_rule(f, growth_steps=2), [F, F, F, T, F, F, T, T, F]),
     ("keras", dict(), keras_rule, [T] * 180),
     ("tf_keras", dict(growth_interval=2), lambda f: tf_keras_rule(f, growth_steps=2), [F, F, F, T, F, F, T, T, F]),
-    ("tf_keras", dict(), tf_keras_rule, [T] * 40),                                # floor at 1
+    ("tf_keras", dict(), tf_keras_rule, [T] * 40),  # floor at 1
     ("tf_keras", dict(init_scale=2.0**127, growth_interval=1), lambda f: tf_keras_rule(f, 2.0**127, 1), [F, F, T]),
     ("jmp", dict(growth_interval=3), lambda f: jmp_rule(f, period=3), [F, F, F, T, T, F, F, F] + [T] * 20),
     ("jmp", dict(init_scale=2.0**127, growth_interval=1), lambda f: jmp_rule(f, 2.0**127, period=1), [F, F]),
-    ("megatron", dict(growth_interval=3), lambda f: megatron_rule(f, interval=3),
-     [T, F, T, T, T, F, F, F, T, F, T, T] + [T] * 40),
+    (
+        "megatron",
+        dict(growth_interval=3),
+        lambda f: megatron_rule(f, interval=3),
+        [T, F, T, T, T, F, F, F, T, F, T, T] + [T] * 40,
+    ),
     ("mindspore", dict(growth_interval=3), lambda f: mindspore_rule(f, window=3), [F, F, F, T, T, F, F, F] + [T] * 30),
 ]
 
 
-@pytest.mark.parametrize("name, overrides, original, flags", PRESET_CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(PRESET_CASES)])
+@pytest.mark.parametrize(
+    "name, overrides, original, flags", PRESET_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(PRESET_CASES)]
+)
 def test_preset_equals_the_original_rule(name, overrides, original, flags):
     """Step for step, until the original's scale falls below the smallest normal float32: there the preset's
     is 0 (no subnormal scales, a deliberate difference of every preset without a floor) and stays 0."""
@@ -210,12 +230,15 @@ def test_preset_equals_the_original_rule(name, overrides, original, flags):
         assert "subnormal" in DIFFERENCES[name]
 
 
-@pytest.mark.parametrize("name, original", [
-    ("keras", lambda f: keras_rule(f, 2.0**127, growth_steps=1)),
-    ("megatron", lambda f: megatron_rule(f, 2.0**127, interval=1)),
-    ("paddle", lambda f: paddle_rule(f, 2.0**127, incr_n=1)),
-    ("mindspore", lambda f: mindspore_rule(f, 2.0**127, window=1)),
-])
+@pytest.mark.parametrize(
+    "name, original",
+    [
+        ("keras", lambda f: keras_rule(f, 2.0**127, growth_steps=1)),
+        ("megatron", lambda f: megatron_rule(f, 2.0**127, interval=1)),
+        ("paddle", lambda f: paddle_rule(f, 2.0**127, incr_n=1)),
+        ("mindspore", lambda f: mindspore_rule(f, 2.0**127, window=1)),
+    ],
+)
 def test_deliberate_difference_the_finiteness_guard(name, original):
     flags = [F, F]
     ours = [s.scale for s in run(get_preset(name, init_scale=2.0**127, growth_interval=1), flags)]
@@ -225,11 +248,10 @@ def test_deliberate_difference_the_finiteness_guard(name, original):
 
 def test_known_facts_about_floors():
     from_2_16 = run(get_preset("pytorch"), [T] * 143)
-    assert from_2_16[-2].scale == 2.0**-126 and from_2_16[-1].scale == 0.0   # no subnormal scales (see policy)
+    assert from_2_16[-2].scale == 2.0**-126 and from_2_16[-1].scale == 0.0  # no subnormal scales (see policy)
     assert run(get_preset("paddle_static"), [T] * 100)[-1].scale == 1.0
     assert run(get_preset("mindspore"), [T] * 100)[-1].scale == 1.0
-    assert run(get_preset("jmp", min_scale=4.0),
-               [T] * 100)[-1].scale == 4.0
+    assert run(get_preset("jmp", min_scale=4.0), [T] * 100)[-1].scale == 4.0
     assert run(get_preset("keras"), [T] * 200)[-1].scale == 0.0
 
 
@@ -238,12 +260,15 @@ def test_paddle_counts_consecutive_bad_steps():
     assert [s.scale for s in run(policy, [T, F, T, F, T, T, T, T])] == [64, 64, 64, 64, 64, 32, 32, 16]
 
 
-@pytest.mark.parametrize("name, overrides, backoff", [
-    ("mindspore", dict(growth_factor=4.0), 0.25),  # MindSpore's backoff is 1/scale_factor: it follows the override
-    ("mindspore", dict(growth_factor=4.0, backoff_factor=0.5), 0.5),  # unless the backoff is overridden too
-    ("pytorch", dict(growth_factor=4.0), 0.5),  # PyTorch's backoff is its own argument
-    ("megatron", dict(growth_factor=3.0), 0.5),
-])
+@pytest.mark.parametrize(
+    "name, overrides, backoff",
+    [
+        ("mindspore", dict(growth_factor=4.0), 0.25),  # MindSpore's backoff is 1/scale_factor: it follows the override
+        ("mindspore", dict(growth_factor=4.0, backoff_factor=0.5), 0.5),  # unless the backoff is overridden too
+        ("pytorch", dict(growth_factor=4.0), 0.5),  # PyTorch's backoff is its own argument
+        ("megatron", dict(growth_factor=3.0), 0.5),
+    ],
+)
 def test_growth_override_keeps_how_the_preset_defines_its_backoff(name, overrides, backoff):
     assert get_preset(name, **overrides).backoff_factor == backoff
 
@@ -295,9 +320,13 @@ def _deepspeed_live(config, flags):
     Its rank-0 logging needs an initialised process group; that module is given a single-rank stand-in."""
     pytest.importorskip("torch")
     loss_scaler = pytest.importorskip("deepspeed.runtime.fp16.loss_scaler")
-    scaler = loss_scaler.DynamicLossScaler(init_scale=2.0**16, scale_window=config["window"],
-                                           min_scale=config["min_scale"], delayed_shift=config["delayed_shift"],
-                                           consecutive_hysteresis=config["consecutive_hysteresis"])
+    scaler = loss_scaler.DynamicLossScaler(
+        init_scale=2.0**16,
+        scale_window=config["window"],
+        min_scale=config["min_scale"],
+        delayed_shift=config["delayed_shift"],
+        consecutive_hysteresis=config["consecutive_hysteresis"],
+    )
     scales = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loss_scaler, "dist", type("SingleRank", (), {"get_rank": staticmethod(lambda: 0)}))
@@ -320,9 +349,19 @@ def _deepspeed_reimplemented(config, flags):
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("config, flags", DEEPSPEED_CASES, ids=["fp16_defaults", "window_3", "no_hysteresis",
-                                                                  "consecutive_hysteresis", "random", "random_consecutive",
-                                                                  "random_floor"])
+@pytest.mark.parametrize(
+    "config, flags",
+    DEEPSPEED_CASES,
+    ids=[
+        "fp16_defaults",
+        "window_3",
+        "no_hysteresis",
+        "consecutive_hysteresis",
+        "random",
+        "random_consecutive",
+        "random_floor",
+    ],
+)
 def test_deepspeed_rule_is_deepspeeds_own(config, flags):
     """The re-implementation above against DeepSpeed's DynamicLossScaler itself, where deepspeed is installed:
     the same scale after every step, and the same step where it raises at its floor."""
@@ -339,8 +378,17 @@ MEGATRON_CASES = [
     (dict(initial_scale=2.0**16, growth_interval=3, hysteresis=2), [F] * 7 + [T] + [F] * 7 + [T, F, T, T] + [F] * 9),
     (dict(initial_scale=2.0**16, growth_interval=2, hysteresis=1, min_scale=2.0**10), [T] * 9 + [F] * 5 + [T] * 3),
     (dict(initial_scale=2.0**20, growth_interval=5, hysteresis=3), _random_flags(3, rate=0.3)),
-    (dict(initial_scale=2.0**12, growth_interval=2, hysteresis=2, min_scale=1.0, growth_factor=4.0,
-          backoff_factor=0.25), _random_flags(4, rate=0.45)),
+    (
+        dict(
+            initial_scale=2.0**12,
+            growth_interval=2,
+            hysteresis=2,
+            min_scale=1.0,
+            growth_factor=4.0,
+            backoff_factor=0.25,
+        ),
+        _random_flags(4, rate=0.45),
+    ),
 ]
 
 
@@ -368,18 +416,30 @@ def _megatron_live(config, flags):
 
 @pytest.mark.reference
 @pytest.mark.filterwarnings("ignore::UserWarning")  # megatron: "Transformer Engine and Apex are not installed"
-@pytest.mark.parametrize("config, flags", MEGATRON_CASES, ids=["defaults", "window_3", "floor", "random_hysteresis_3",
-                                                                "random_factors"])
+@pytest.mark.parametrize(
+    "config, flags", MEGATRON_CASES, ids=["defaults", "window_3", "floor", "random_hysteresis_3", "random_factors"]
+)
 def test_megatron_preset_is_megatrons_own(config, flags):
     """The ``megatron`` preset (and the re-implementation above) against Megatron-core's DynamicGradScaler itself,
     where megatron-core is installed: the same scale after every step."""
     config = {**MEGATRON_DEFAULTS, **config}
     theirs = _megatron_live(config, flags)
-    preset = get_preset("megatron", **{"init_scale" if name == "initial_scale" else name: value
-                                       for name, value in config.items()})
+    preset = get_preset(
+        "megatron", **{"init_scale" if name == "initial_scale" else name: value for name, value in config.items()}
+    )
     assert [state.scale for state in run(preset, flags)] == theirs
-    assert megatron_rule(flags, config["initial_scale"], config["min_scale"], config["growth_factor"],
-                         config["backoff_factor"], config["growth_interval"], config["hysteresis"]) == theirs
+    assert (
+        megatron_rule(
+            flags,
+            config["initial_scale"],
+            config["min_scale"],
+            config["growth_factor"],
+            config["backoff_factor"],
+            config["growth_interval"],
+            config["hysteresis"],
+        )
+        == theirs
+    )
 
 
 @pytest.mark.reference
@@ -391,7 +451,11 @@ def test_megatron_preset_has_megatrons_defaults():
     config = pytest.importorskip("megatron.core.optimizer").OptimizerConfig()
     preset = get_preset("megatron")
     assert (preset.init_scale, preset.min_scale, preset.growth_interval, preset.hysteresis) == (
-        config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window, config.hysteresis)
+        config.initial_loss_scale,
+        config.min_loss_scale,
+        config.loss_scale_window,
+        config.hysteresis,
+    )
     assert (preset.growth_factor, preset.backoff_factor) == (2.0, 0.5)
 
 
@@ -405,10 +469,15 @@ def test_deepspeed_is_megatron_but_grows_one_step_later():
     assert [s.scale for s in run(deepspeed_like, backoffs_only)] == deepspeed_rule(backoffs_only)
     window = 3
     clean_then_overflow = [F] * 7 + [T] + [F] * 7
-    ours = [s.scale for s in run(get_preset("megatron", init_scale=2.0**16, growth_interval=window), clean_then_overflow)]
+    ours = [
+        s.scale for s in run(get_preset("megatron", init_scale=2.0**16, growth_interval=window), clean_then_overflow)
+    ]
     theirs = deepspeed_rule(clean_then_overflow, window=window)
     growths = [[i for i in range(1, len(scales)) if scales[i] == 2 * scales[i - 1]] for scales in (ours, theirs)]
-    assert growths == [[2, 5, 10, 13], [3, 6, 11, 14]]  # the overflow at 7 only spends hysteresis and restarts the count
+    assert growths == [
+        [2, 5, 10, 13],
+        [3, 6, 11, 14],
+    ]  # the overflow at 7 only spends hysteresis and restarts the count
     at_floor = run(get_preset("megatron", init_scale=2.0), [T] * 4)
     assert [s.scale for s in at_floor] == [2.0, 1.0, 1.0, 1.0]
     with pytest.raises(DeepSpeedMinScaleError):

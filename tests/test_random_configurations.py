@@ -10,6 +10,7 @@ optimizer, the counters, and the scale from :func:`lossscale.core.policy.update`
 on the loss, the overflow decision, the scale, the weights, the reported global norm and the
 counters. The parts are tested one by one elsewhere; this checks that they compose.
 """
+
 import random
 
 import numpy as np
@@ -27,13 +28,22 @@ SEEDS = 12
 
 def random_configuration(rng):
     """A random train-cell configuration: ``(keyword options of the cell, a manager, "sgd" or "momentum")``."""
-    options = dict(accumulation_steps=rng.choice([1, 1, 2, 3]), clip_global_norm=rng.choice([None, None, 0.05, 100.0]),
-                   extra_outputs=rng.random() < 0.5)
+    options = dict(
+        accumulation_steps=rng.choice([1, 1, 2, 3]),
+        clip_global_norm=rng.choice([None, None, 0.05, 100.0]),
+        extra_outputs=rng.random() < 0.5,
+    )
     if rng.random() < 0.75:
-        rule = dict(init_loss_scale=2.0 ** rng.randint(0, 20), scale_factor=rng.choice([2, 4]),
-                    scale_window=rng.randint(1, 3), hysteresis=rng.randint(1, 3),
-                    consecutive_hysteresis=rng.random() < 0.5, refill_hysteresis_on_backoff=rng.random() < 0.5,
-                    min_loss_scale=rng.choice([1.0, 0.25, 0.0]), max_loss_scale=rng.choice([None, 2.0**12]))
+        rule = dict(
+            init_loss_scale=2.0 ** rng.randint(0, 20),
+            scale_factor=rng.choice([2, 4]),
+            scale_window=rng.randint(1, 3),
+            hysteresis=rng.randint(1, 3),
+            consecutive_hysteresis=rng.random() < 0.5,
+            refill_hysteresis_on_backoff=rng.random() < 0.5,
+            min_loss_scale=rng.choice([1.0, 0.25, 0.0]),
+            max_loss_scale=rng.choice([None, 2.0**12]),
+        )
         if rule["max_loss_scale"] is not None:
             rule["init_loss_scale"] = min(rule["init_loss_scale"], rule["max_loss_scale"])
         manager = DynamicLossScaleManager(**rule)
@@ -150,8 +160,13 @@ def build(options, manager, optimizer, weight, bias):
     sense = manager.get_update_cell()
     if sense is None:  # FixedLossScaleManager(S, drop_overflow_update=False): MindSpore's convention, a Tensor
         sense = Tensor(F32(manager.get_loss_scale()))
-    cell = TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), opt, sense,
-                                         drop_overflow_update=manager.get_drop_overflow_update(), **options)
+    cell = TrainOneStepWithLossScaleCell(
+        nn.WithLossCell(net, nn.MSELoss()),
+        opt,
+        sense,
+        drop_overflow_update=manager.get_drop_overflow_update(),
+        **options,
+    )
     return cell, net
 
 
@@ -195,19 +210,36 @@ def test_the_random_cases_cover_every_feature_with_overflows_and_clean_steps():
         options, manager, optimizer = random_configuration(rng)
         weight, bias = nrng.randn(OUT, IN).astype(F32), nrng.randn(OUT).astype(F32)
         reference = ReferenceStep(weight, bias, options, manager, optimizer)
-        features = {optimizer, f"accumulation {options['accumulation_steps']}",
-                    "clipping" if options["clip_global_norm"] else "no clipping",
-                    "dynamic" if reference.policy else f"fixed, drop={reference.drop}"}
+        features = {
+            optimizer,
+            f"accumulation {options['accumulation_steps']}",
+            "clipping" if options["clip_global_norm"] else "no clipping",
+            "dynamic" if reference.policy else f"fixed, drop={reference.drop}",
+        }
         for x, y in random_batches(rng, nrng, manager.get_drop_overflow_update()):
             with np.errstate(all="ignore"):
                 loss, grads = reference.gradients(x, y)
-            if (not np.isfinite(loss) and finite(*grads) and reference.micro + 1 < reference.steps
-                    and reference.clip is None):  # only the window's flag can carry it (clipping sees an inf norm)
+            if (
+                not np.isfinite(loss)
+                and finite(*grads)
+                and reference.micro + 1 < reference.steps
+                and reference.clip is None
+            ):  # only the window's flag can carry it (clipping sees an inf norm)
                 seen.add(("inf loss, finite gradients, mid-window, no clipping", True))
             _, overflow, _, _ = reference(x, y)
             seen |= {(feature, overflow) for feature in features}
     assert ("inf loss, finite gradients, mid-window, no clipping", True) in seen
     features = {feature for feature, _ in seen if not feature.startswith("inf loss")}
-    assert {"sgd", "momentum", "accumulation 1", "accumulation 2", "accumulation 3", "clipping", "no clipping",
-            "dynamic", "fixed, drop=True", "fixed, drop=False"} <= features
+    assert {
+        "sgd",
+        "momentum",
+        "accumulation 1",
+        "accumulation 2",
+        "accumulation 3",
+        "clipping",
+        "no clipping",
+        "dynamic",
+        "fixed, drop=True",
+        "fixed, drop=False",
+    } <= features
     assert all((feature, overflow) in seen for feature in features for overflow in (False, True))

@@ -12,23 +12,26 @@ need NumPy 2, while MindSpore needs NumPy < 2: they run in their own interpreter
   weights after every step of ``LossScaleOptimizer(policy=get_preset("keras"))``; and the preset's rule
   (the pure policy and the graph update cell) on flag sequences, with the deliberate differences pinned.
 """
+
 import os
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor
+from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
 from conftest import UpdateCellDriver
 from lossscale import DynamicLossScaleUpdateCell, LossScaler, get_preset
 from lossscale.core.policy import FLOAT32_TINY, run
 from lossscale.core.presets import DIFFERENCES
-from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
 PYTHON = os.environ.get("LOSSSCALE_JAX_PYTHON")
-pytestmark = [pytest.mark.reference,
-              pytest.mark.skipif(not PYTHON, reason="LOSSSCALE_JAX_PYTHON (a Python with jax, jmp, keras) not set"),
-              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.reference,
+    pytest.mark.skipif(not PYTHON, reason="LOSSSCALE_JAX_PYTHON (a Python with jax, jmp, keras) not set"),
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+]
 
 T, F = True, False
 
@@ -40,8 +43,10 @@ def _jmp_steps(count, injected, seed, gradient_magnitude=1.0):
     steps = []
     for i in range(count):
         loss = np.array(rng.rand() * 4, np.float16 if i % 2 else np.float32)
-        grads = [(rng.randn(3, 4) * gradient_magnitude).astype(np.float32),
-                 np.clip(rng.randn(5) * gradient_magnitude, -6e4, 6e4).astype(np.float16)]
+        grads = [
+            (rng.randn(3, 4) * gradient_magnitude).astype(np.float32),
+            np.clip(rng.randn(5) * gradient_magnitude, -6e4, 6e4).astype(np.float16),
+        ]
         if i in injected:
             grads[i % 2].reshape(-1)[1] = np.inf if i % 2 == 0 else np.nan
         steps.append((loss, grads))
@@ -55,19 +60,28 @@ def _flags(count, probability, seed):
 
 # label: (jmp's arguments, steps)
 JMP_CASES = {
-    "period_3": (dict(init_scale=2.0**15, period=3, factor=2, min_loss_scale=1.0),
-                 _jmp_steps(40, _flags(40, 0.3, 0), seed=1)),
-    "floor_at_min_loss_scale": (dict(init_scale=64.0, period=1000, factor=2, min_loss_scale=4.0),
-                                _jmp_steps(8, set(range(8)), seed=2)),
-    "floor_at_one": (dict(init_scale=4.0, period=1000, factor=2, min_loss_scale=1.0),
-                     _jmp_steps(5, set(range(5)), seed=3)),
-    "growth_guard_at_2_127": (dict(init_scale=2.0**127, period=1, factor=2, min_loss_scale=1.0),
-                              _jmp_steps(3, set(), seed=4)),
-    "factor_4": (dict(init_scale=2.0**10, period=2, factor=4, min_loss_scale=1.0),
-                 _jmp_steps(16, {3, 4, 9}, seed=5)),
+    "period_3": (
+        dict(init_scale=2.0**15, period=3, factor=2, min_loss_scale=1.0),
+        _jmp_steps(40, _flags(40, 0.3, 0), seed=1),
+    ),
+    "floor_at_min_loss_scale": (
+        dict(init_scale=64.0, period=1000, factor=2, min_loss_scale=4.0),
+        _jmp_steps(8, set(range(8)), seed=2),
+    ),
+    "floor_at_one": (
+        dict(init_scale=4.0, period=1000, factor=2, min_loss_scale=1.0),
+        _jmp_steps(5, set(range(5)), seed=3),
+    ),
+    "growth_guard_at_2_127": (
+        dict(init_scale=2.0**127, period=1, factor=2, min_loss_scale=1.0),
+        _jmp_steps(3, set(), seed=4),
+    ),
+    "factor_4": (dict(init_scale=2.0**10, period=2, factor=4, min_loss_scale=1.0), _jmp_steps(16, {3, 4, 9}, seed=5)),
     # float16 gradients unscaled at 2**30, where 1/S is 0 in float16 (MindSpore's own cells unscale there).
-    "float16_at_2_30": (dict(init_scale=2.0**30, period=1000, factor=2, min_loss_scale=1.0),
-                        _jmp_steps(3, {1}, seed=6, gradient_magnitude=3e4)),
+    "float16_at_2_30": (
+        dict(init_scale=2.0**30, period=1000, factor=2, min_loss_scale=1.0),
+        _jmp_steps(3, {1}, seed=6, gradient_magnitude=3e4),
+    ),
 }
 
 KERAS_RUNS = {
@@ -95,22 +109,32 @@ def _value(spec):
 def jax_results():
     """jmp's and Keras 3's results for every case (one subprocess)."""
     cases = {
-        "jmp": [dict(args, steps=[{"loss": _spec(loss), "grads": [_spec(g) for g in grads]} for loss, grads in steps])
-                for args, steps in JMP_CASES.values()],
+        "jmp": [
+            dict(args, steps=[{"loss": _spec(loss), "grads": [_spec(g) for g in grads]} for loss, grads in steps])
+            for args, steps in JMP_CASES.values()
+        ],
         "keras_training": [training_case(kwargs, batches, KERAS_LR) for kwargs, batches in KERAS_RUNS.values()],
         "keras_flags": [{"kwargs": kwargs, "flags": flags} for kwargs, flags in KERAS_FLAGS.values()],
     }
     results = run_reference_script(PYTHON, "jax_reference.py", cases)
     assert int(results["versions"]["keras"].split(".")[0]) >= 3, results["versions"]
-    return {"jmp": dict(zip(JMP_CASES, results["jmp"])),
-            "keras_training": dict(zip(KERAS_RUNS, results["keras_training"])),
-            "keras_flags": dict(zip(KERAS_FLAGS, results["keras_flags"]))}
+    return {
+        "jmp": dict(zip(JMP_CASES, results["jmp"])),
+        "keras_training": dict(zip(KERAS_RUNS, results["keras_training"])),
+        "keras_flags": dict(zip(KERAS_FLAGS, results["keras_flags"])),
+    }
 
 
 def _jmp_core(label, init_scale, period, factor, min_loss_scale):
     """lossscale's core with jmp's rule, and one compiled step: scale, unscale, check, adjust."""
-    policy = get_preset("jmp", init_scale=init_scale, growth_interval=period, growth_factor=float(factor),
-                        backoff_factor=1.0 / factor, min_scale=min_loss_scale)
+    policy = get_preset(
+        "jmp",
+        init_scale=init_scale,
+        growth_interval=period,
+        growth_factor=float(factor),
+        backoff_factor=1.0 / factor,
+        min_scale=min_loss_scale,
+    )
     core = LossScaler(policy, name=f"jmp_reference_{label}")
 
     @ms.jit
@@ -150,15 +174,20 @@ def test_jmp_cases_reach_what_they_are_named_for(jax_results):
     assert scales["floor_at_min_loss_scale"][-3:] == [4.0] * 3 and scales["floor_at_one"][-2:] == [1.0] * 2
     assert scales["growth_guard_at_2_127"] == [2.0**127] * 3
     assert len(set(scales["factor_4"])) > 2
-    nonzero = [np.count_nonzero(_value(step["unscaled"][1]).astype(np.float16))
-               for step in jax_results["jmp"]["float16_at_2_30"]]
+    nonzero = [
+        np.count_nonzero(_value(step["unscaled"][1]).astype(np.float16))
+        for step in jax_results["jmp"]["float16_at_2_30"]
+    ]
     assert nonzero[0] == 5 and scales["float16_at_2_30"][1] == 2.0**29
 
 
 def _keras_policy(kwargs):
     """The "keras" preset with the Keras 3 ``LossScaleOptimizer`` arguments ``kwargs`` (Keras' defaults otherwise)."""
-    return get_preset("keras", init_scale=kwargs.get("initial_scale", 2.0**15),
-                      growth_interval=kwargs.get("dynamic_growth_steps", 2000))
+    return get_preset(
+        "keras",
+        init_scale=kwargs.get("initial_scale", 2.0**15),
+        growth_interval=kwargs.get("dynamic_growth_steps", 2000),
+    )
 
 
 @pytest.mark.parametrize("label", sorted(KERAS_RUNS))

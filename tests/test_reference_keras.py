@@ -7,18 +7,21 @@ session. The same model, data and injected infs in both: the loss scale, ``dynam
 ``iterations`` and the weights after every step; the construction errors. Skipped when the
 variable is not set.
 """
+
 import os
 
 import numpy as np
 import pytest
 from mindspore import nn
-
-from lossscale import LossScaleOptimizer
 from nets import LossScaleOptimizerRun, reference_batches, run_reference_script, training_case
 
+from lossscale import LossScaleOptimizer
+
 PYTHON = os.environ.get("LOSSSCALE_KERAS_PYTHON")
-pytestmark = [pytest.mark.reference,
-              pytest.mark.skipif(not PYTHON, reason="LOSSSCALE_KERAS_PYTHON (a Python with tensorflow<=2.15) not set")]
+pytestmark = [
+    pytest.mark.reference,
+    pytest.mark.skipif(not PYTHON, reason="LOSSSCALE_KERAS_PYTHON (a Python with tensorflow<=2.15) not set"),
+]
 
 INJECTED = {2, 5, 6}
 LR = 0.05
@@ -49,8 +52,10 @@ CONSTRUCTIONS = {
 @pytest.fixture(scope="module")
 def keras():
     """tf.keras' results for RUNS and CONSTRUCTIONS (one subprocess)."""
-    cases = {"training": [training_case(kwargs, batches, LR) for kwargs, batches in RUNS.values()],
-             "constructions": CONSTRUCTIONS}
+    cases = {
+        "training": [training_case(kwargs, batches, LR) for kwargs, batches in RUNS.values()],
+        "constructions": CONSTRUCTIONS,
+    }
     results = run_reference_script(PYTHON, "keras_reference.py", cases)
     version = tuple(int(part) for part in results["tensorflow"].split(".")[:2])
     assert version <= (2, 15), f"tf.keras must be Keras 2 (TensorFlow <= 2.15), got {results['tensorflow']}"
@@ -96,8 +101,12 @@ def _construct(kwargs):
         optimizer = LossScaleOptimizer(inner, **kwargs)
     except Exception as error:
         return error
-    return {"type": None, "loss_scale": float(optimizer.loss_scale.asnumpy()), "dynamic": optimizer.dynamic,
-            "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None}
+    return {
+        "type": None,
+        "loss_scale": float(optimizer.loss_scale.asnumpy()),
+        "dynamic": optimizer.dynamic,
+        "dynamic_growth_steps": optimizer.dynamic_growth_steps if optimizer.dynamic else None,
+    }
 
 
 @pytest.mark.parametrize("label", sorted(CONSTRUCTIONS))

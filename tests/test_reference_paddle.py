@@ -9,16 +9,19 @@ after every update, which iterations are skipped, the weights, ``state_dict()``,
 Paddle to lossscale, and Paddle's errors. Skipped when paddle is not installed (CI installs it when
 the package registry has it).
 """
+
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-
-from lossscale import GradScaler
 from nets import MISUSES, GradScalerRun, misuse_our_scaler, misuse_their_scaler, reference_batches, reference_weight
 
+from lossscale import GradScaler
+
 paddle = pytest.importorskip("paddle")
-pytestmark = [pytest.mark.reference,  # Paddle's own backoff message converts its (1,)-shaped scale with float()
-              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.reference,  # Paddle's own backoff message converts its (1,)-shaped scale with float()
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
 
 INJECTED = {2, 5, 6, 7}  # iterations whose input holds an inf (6, 7: two in a row, Paddle's default backoff)
 CLIP = 0.5
@@ -72,8 +75,9 @@ class PaddleRun:
         self.model = paddle.nn.Linear(4, 3, bias_attr=False)
         self.model.weight.set_value(reference_weight().T)  # Paddle's Linear weight is (in, out)
         grad_clip = paddle.nn.ClipGradByGlobalNorm(CLIP) if clip else None
-        self.optimizer = paddle.optimizer.SGD(learning_rate=0.05, parameters=self.model.parameters(),
-                                              grad_clip=grad_clip)
+        self.optimizer = paddle.optimizer.SGD(
+            learning_rate=0.05, parameters=self.model.parameters(), grad_clip=grad_clip
+        )
         self.scaler = paddle_scaler(**scaler_args)
         self.clip, self.minimize = clip, minimize
 
@@ -111,8 +115,9 @@ def _assert_same_state(ours, theirs):
         np.testing.assert_array_equal(ours.state_dict()[key], value, err_msg=key)
 
 
-@pytest.mark.parametrize("clip, minimize", [(False, False), (True, False), (False, True)],
-                         ids=["step_update", "unscale_clip", "minimize"])
+@pytest.mark.parametrize(
+    "clip, minimize", [(False, False), (True, False), (False, True)], ids=["step_update", "unscale_clip", "minimize"]
+)
 def test_same_scales_counts_skips_weights_and_state_as_paddle(clip, minimize):
     theirs, ours = PaddleRun(clip, minimize, **RULE), LossScaleRun(clip, minimize, **RULE)
     for i, (x, y) in enumerate(_data(12)):
@@ -155,8 +160,13 @@ def test_paddle_state_continues_identically_in_lossscale():
 
 def test_getters_and_setters_as_paddle():
     theirs, ours = paddle_scaler(**RULE), GradScaler(**RULE)
-    for name, value in (("init_loss_scaling", 512.0), ("incr_ratio", 3.0), ("decr_ratio", 0.25),
-                        ("incr_every_n_steps", 7), ("decr_every_n_nan_or_inf", 3)):
+    for name, value in (
+        ("init_loss_scaling", 512.0),
+        ("incr_ratio", 3.0),
+        ("decr_ratio", 0.25),
+        ("incr_every_n_steps", 7),
+        ("decr_every_n_nan_or_inf", 3),
+    ):
         for scaler in (theirs, ours):
             getattr(scaler, f"set_{name}")(value)
         assert getattr(ours, f"get_{name}")() == getattr(theirs, f"get_{name}")() == value, name
@@ -165,6 +175,7 @@ def test_getters_and_setters_as_paddle():
     assert ours.is_use_dynamic_loss_scaling() == theirs.is_use_dynamic_loss_scaling() is True
 
 
+@pytest.mark.slow
 def test_the_same_errors_as_paddle():
     model = paddle.nn.Linear(2, 1)
     optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
@@ -232,6 +243,7 @@ def test_update_without_a_step_counts_a_clean_iteration_where_paddle_repeats_the
     assert _counts(ours.scaler) == (1024.0, 1, 0)  # nothing overflowed since the last update()
 
 
+@pytest.mark.slow
 def test_update_backs_off_if_any_optimizer_overflowed_where_paddle_looks_at_the_last_step():
     """Two optimizers, the first one's gradients hold an inf: both skip it alike, then Paddle's update() sees only
     the second (clean) step and counts a clean iteration; lossscale backs the overflow off (PyTorch's rule)."""
@@ -260,16 +272,30 @@ def test_update_backs_off_if_any_optimizer_overflowed_where_paddle_looks_at_the_
     assert _counts(ours) == (512.0, 0, 0)  # backed off
 
 
-@pytest.mark.parametrize("setter, value, injected, theirs_after, ours_after", [
-    # 3 clean iterations (incr_count 3), window lowered to 2: Paddle's count passes 2 and never matches it again
-    ("set_incr_every_n_steps", 2, set(), [(1024.0, 4, 0), (1024.0, 5, 0), (1024.0, 6, 0)],
-     [(2048.0, 0, 0), (2048.0, 1, 0), (4096.0, 0, 0)]),
-    # 2 bad iterations (decr_count 2), backoff after 1 bad one: Paddle never backs off again
-    ("set_decr_every_n_nan_or_inf", 1, {0, 1, 2, 3, 4}, [(1024.0, 0, 3), (1024.0, 0, 4), (1024.0, 0, 5)],
-     [(512.0, 0, 0), (256.0, 0, 0), (128.0, 0, 0)]),
-])
-def test_a_count_beyond_a_lowered_setting_is_clipped_where_paddle_never_acts_again(setter, value, injected,
-                                                                                     theirs_after, ours_after):
+@pytest.mark.parametrize(
+    "setter, value, injected, theirs_after, ours_after",
+    [
+        # 3 clean iterations (incr_count 3), window lowered to 2: Paddle's count passes 2 and never matches it again
+        (
+            "set_incr_every_n_steps",
+            2,
+            set(),
+            [(1024.0, 4, 0), (1024.0, 5, 0), (1024.0, 6, 0)],
+            [(2048.0, 0, 0), (2048.0, 1, 0), (4096.0, 0, 0)],
+        ),
+        # 2 bad iterations (decr_count 2), backoff after 1 bad one: Paddle never backs off again
+        (
+            "set_decr_every_n_nan_or_inf",
+            1,
+            {0, 1, 2, 3, 4},
+            [(1024.0, 0, 3), (1024.0, 0, 4), (1024.0, 0, 5)],
+            [(512.0, 0, 0), (256.0, 0, 0), (128.0, 0, 0)],
+        ),
+    ],
+)
+def test_a_count_beyond_a_lowered_setting_is_clipped_where_paddle_never_acts_again(
+    setter, value, injected, theirs_after, ours_after
+):
     """Paddle compares its counts with ``==``: lowering the window (or the bad steps per backoff) below the current
     count stops growth (or backoff) for good. lossscale clips the count to the new setting."""
     rule = dict(RULE, incr_every_n_steps=4, decr_every_n_nan_or_inf=3)
@@ -283,7 +309,7 @@ def test_a_count_beyond_a_lowered_setting_is_clipped_where_paddle_never_acts_aga
     for scaler in (theirs.scaler, ours.scaler):
         getattr(scaler, setter)(value)
     observed_theirs, observed_ours = [], []
-    for x, y in data[before:before + 3]:
+    for x, y in data[before : before + 3]:
         theirs.iteration(x, y)
         ours.iteration(x, y)
         observed_theirs.append(_counts(theirs.scaler))

@@ -4,14 +4,22 @@ The same model, data and injected infs in both frameworks: the scale after every
 iterations are skipped, the weights, ``state_dict()``, a state moved from PyTorch to lossscale, and
 PyTorch's errors. Skipped when torch is not installed (CI installs the CPU wheel when it can).
 """
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
+from nets import (
+    MISUSES,
+    GradScalerRun,
+    misuse_our_scaler,
+    misuse_their_scaler,
+    own_names,
+    reference_batches,
+    reference_weight,
+)
 
 from lossscale import GradScaler, get_preset
-from nets import (MISUSES, GradScalerRun, misuse_our_scaler, misuse_their_scaler, own_names, reference_batches,
-                  reference_weight)
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.reference
@@ -55,9 +63,12 @@ def LossScaleRun(clip, **scaler_args):
 
 
 @pytest.mark.parametrize("clip", [False, True], ids=["basic", "unscale_clip"])
+@pytest.mark.slow
 def test_same_scales_skips_weights_and_state_as_pytorch(clip):
-    theirs, ours = TorchRun(clip, init_scale=2.0**10, growth_interval=2), LossScaleRun(clip, init_scale=2.0**10,
-                                                                                       growth_interval=2)
+    theirs, ours = (
+        TorchRun(clip, init_scale=2.0**10, growth_interval=2),
+        LossScaleRun(clip, init_scale=2.0**10, growth_interval=2),
+    )
     for i, (x, y) in enumerate(_data(10)):
         theirs.iteration(x, y)
         ours.checked_iteration(x, y, i)
@@ -80,6 +91,7 @@ def test_pytorch_state_continues_identically_in_lossscale():
     assert ours.scaler.state_dict() == theirs.scaler.state_dict()
 
 
+@pytest.mark.slow
 def test_the_same_errors_as_pytorch():
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), 0.1)
@@ -131,8 +143,10 @@ class TwoModels:
         self.nets = [nn.Dense(4, w.shape[0], has_bias=False, weight_init=Tensor(w)) for w in weights]
         for index, net in enumerate(self.nets):
             net.weight.name = f"{prefix}{index}.weight"
-        self.opts = [own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"{prefix}_opt{i}")
-                     for i, n in enumerate(self.nets)]
+        self.opts = [
+            own_names(nn.SGD(n.trainable_params(), learning_rate=0.05), f"{prefix}_opt{i}")
+            for i, n in enumerate(self.nets)
+        ]
         self.scaler = scaler = GradScaler("cuda", **scaler_args)
         nets, mse = self.nets, nn.MSELoss()
 
@@ -146,16 +160,18 @@ class TwoModels:
         for opt in self.torch_opts:
             opt.zero_grad()
         tx = torch.from_numpy(x)
-        loss = (torch.nn.functional.mse_loss(self.models[0](tx), torch.from_numpy(y0))
-                + torch.nn.functional.mse_loss(self.models[1](tx), torch.from_numpy(y1)))
+        loss = torch.nn.functional.mse_loss(self.models[0](tx), torch.from_numpy(y0)) + torch.nn.functional.mse_loss(
+            self.models[1](tx), torch.from_numpy(y1)
+        )
         self.torch_scaler.scale(loss).backward()
 
     def assert_same(self, label):
         """The same scale and weights in both frameworks."""
         assert self.scaler.get_scale() == self.torch_scaler.get_scale(), label
         for net, model in zip(self.nets, self.models):
-            np.testing.assert_allclose(net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6,
-                                       err_msg=label)
+            np.testing.assert_allclose(
+                net.weight.asnumpy(), model.weight.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=label
+            )
 
 
 def test_two_optimizers_one_overflowing_as_pytorch():
@@ -164,8 +180,10 @@ def test_two_optimizers_one_overflowing_as_pytorch():
     poisoned = {1, 4}
     rng = np.random.RandomState(5)
     weights = [rng.randn(3, 4).astype(np.float32), rng.randn(2, 4).astype(np.float32)]
-    batches = [(rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32),
-                rng.randn(8, 2).astype(np.float32)) for _ in range(6)]
+    batches = [
+        (rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32), rng.randn(8, 2).astype(np.float32))
+        for _ in range(6)
+    ]
 
     pair = TwoModels(weights, "model", init_scale=2.0**10, growth_interval=2)
     scaler, opts, grad_fn = pair.scaler, pair.opts, pair.grad_fn
@@ -191,13 +209,14 @@ def test_two_optimizers_one_overflowing_as_pytorch():
     assert scaler.state_dict() == pair.torch_scaler.state_dict()
 
 
-
 def test_a_tracker_beyond_a_lowered_growth_interval_is_clipped_where_pytorch_never_grows_again():
     """A deliberate difference (docs/migration.md): PyTorch's update compares ``tracker + 1 == growth_interval``,
     so after set_growth_interval() below the current tracker the scale never grows again; lossscale clips the
     tracker to the new interval."""
-    theirs, ours = TorchRun(False, init_scale=2.0**10, growth_interval=4), LossScaleRun(False, init_scale=2.0**10,
-                                                                                        growth_interval=4)
+    theirs, ours = (
+        TorchRun(False, init_scale=2.0**10, growth_interval=4),
+        LossScaleRun(False, init_scale=2.0**10, growth_interval=4),
+    )
     data = reference_batches(6, set())
     for x, y in data[:3]:
         theirs.iteration(x, y)
@@ -214,6 +233,7 @@ def test_a_tracker_beyond_a_lowered_growth_interval_is_clipped_where_pytorch_nev
     assert scales == {"theirs": [1024.0] * 3, "ours": [2048.0, 2048.0, 4096.0]}
     assert theirs.scaler.state_dict()["_growth_tracker"] == 6
 
+
 def _random_mask(rng, shape):
     """An additive poison for a gradient: inf everywhere, or one +inf, -inf or nan."""
     mask = np.zeros(shape, np.float32)
@@ -225,14 +245,16 @@ def _random_mask(rng, shape):
     return mask
 
 
+@pytest.mark.slow
 def test_random_iterations_with_two_optimizers_as_pytorch():
     """Random iterations, side by side with torch.amp.GradScaler: each optimizer's gradient poisoned or not,
     unscale_ or not per optimizer, then nothing, nan_to_num or global-norm clipping, either step order, eager
     or compiled. Found the false "step() got the scaled gradients" refusal of an inf after unscale_."""
     rng = np.random.RandomState(11)
     shapes = [(3, 4), (2, 4)]
-    pair = TwoModels([rng.randn(*shape).astype(np.float32) for shape in shapes], "random", init_scale=2.0**8,
-                     growth_interval=2)
+    pair = TwoModels(
+        [rng.randn(*shape).astype(np.float32) for shape in shapes], "random", init_scale=2.0**8, growth_interval=2
+    )
     scaler, opts, grad_fn = pair.scaler, pair.opts, pair.grad_fn
 
     def make_step(unscale, after, order):
@@ -249,12 +271,16 @@ def test_random_iterations_with_two_optimizers_as_pytorch():
             skipped = [scaler.step(opts[k], grads[k]) for k in order]
             scaler.update()
             return skipped[0], skipped[1]
+
         return train_step
 
     compiled = {}
     for i in range(12):
-        x, y0, y1 = rng.randn(8, 4).astype(np.float32), rng.randn(8, 3).astype(np.float32), rng.randn(8, 2).astype(
-            np.float32)
+        x, y0, y1 = (
+            rng.randn(8, 4).astype(np.float32),
+            rng.randn(8, 3).astype(np.float32),
+            rng.randn(8, 2).astype(np.float32),
+        )
         poisons = [_random_mask(rng, s) if rng.rand() < 0.3 else np.zeros(s, np.float32) for s in shapes]
         unscale = (bool(rng.rand() < 0.5), bool(rng.rand() < 0.5))
         after = ("none", "nan_to_num", "clip")[rng.randint(3)]

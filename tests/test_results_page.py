@@ -8,6 +8,7 @@ differently and training amplifies it, so numbers must agree within 1.5 plus 10%
 percentages, losses, step counts), and everything else (the configuration, rows, scales' wording) must
 be equal but the verdict's words, which follow its numbers ("the same as" or "0.28 percentage points above").
 """
+
 import json
 import os
 import re
@@ -35,8 +36,10 @@ def _machine_line(text):
 
 # The verdict's words follow its numbers (a gap of 0.00 is "the same as"; below -0.5 "more than 0.5 below"): where
 # numbers may differ, so may these words.
-VERDICT_WORDS = re.compile(r"the same as|\d+\.\d+ percentage points (?:above|below)"
-                           r"|(?:not )?more than (?=[\d.]+ below)")
+VERDICT_WORDS = re.compile(
+    r"the same as|\d+\.\d+ percentage points (?:above|below)"
+    r"|(?:not )?more than (?=[\d.]+ below)"
+)
 
 
 def _comparable(line, exact):
@@ -65,10 +68,11 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
     arguments = _command(committed)
     assert arguments[0] == "compare" and arguments[-2:] == ["--results", "docs/results.md"]
     fresh_page = tmp_path / "docs" / "results.md"
-    assert main([*arguments[:-2], "--no-progress", "--output", str(tmp_path / "run"),
-                 "--results", str(fresh_page)]) == 0
+    assert (
+        main([*arguments[:-2], "--no-progress", "--output", str(tmp_path / "run"), "--results", str(fresh_page)]) == 0
+    )
     out = capsys.readouterr().out
-    table = out[out.index("run "):].splitlines()
+    table = out[out.index("run ") :].splitlines()
     assert [line.split()[0] for line in table[2:6]] == ["fp32", "fp16", "fp16", "fp16"]
     assert re.search(r"fp16 dynamic reaches [0-9.]+% test accuracy, .* fp32 \([0-9.]+%\)", out)
     fresh = fresh_page.read_text().replace(str(fresh_page), "docs/results.md")
@@ -77,7 +81,7 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
         assert f"| {label} | {100 * result['test_accuracy']:.2f} | " in fresh, label
         row = next(line for line in table[2:6] if line.startswith(label + " "))
         unweighted_loss = result["final_loss"] / result["config"]["loss_weight"]
-        assert row[len(label):].split()[:2] == [f"{100 * result['test_accuracy']:.2f}", f"{unweighted_loss:.4f}"], row
+        assert row[len(label) :].split()[:2] == [f"{100 * result['test_accuracy']:.2f}", f"{unweighted_loss:.4f}"], row
     # With a 1e-4 loss weight, fp16 without scaling loses gradient elements and dynamic scaling does not.
     assert runs["fp32"]["gradient_lost_fraction"] == 0.0
     assert runs["fp16 dynamic"]["gradient_lost_fraction"] < 0.01 < runs["fp16 no scaling"]["gradient_lost_fraction"]
@@ -92,7 +96,8 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
         assert NUMBER.sub("#", old) == NUMBER.sub("#", new), (old, new)
         assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact), (
             f"docs/results.md no longer matches its command; regenerate it with "
-            f"python -m lossscale {' '.join(arguments)}\ncommitted: {old}\nfresh:     {new}")
+            f"python -m lossscale {' '.join(arguments)}\ncommitted: {old}\nfresh:     {new}"
+        )
     for image in ("compare.png", "inspect-lenet5.png"):
         assert (fresh_page.parent / "images" / image).stat().st_size > 10_000
     assert drawn == [(1.0, "inspect-lenet5.png")]  # the gradients as they are (scale 1) against the float16 range
@@ -110,20 +115,28 @@ def test_the_machine_description_names_the_vector_extensions_that_decide_roundin
     assert re.search(r"\(.*" + re.escape(" ".join(present)) + r"\)", machine_description())
 
 
-@pytest.mark.parametrize("old, new, exact, same", [
-    ("| fp32 | 81.89 |", "| fp32 | 81.89 |", True, True),
-    ("| fp32 | 81.89 |", "| fp32 | 82.17 |", True, False),
-    ("| fp32 | 81.89 |", "| fp32 | 82.17 |", False, True),
-    ("| fp32 | 81.89 |", "| fp32 | 93.00 |", False, False),
-])
+@pytest.mark.parametrize(
+    "old, new, exact, same",
+    [
+        ("| fp32 | 81.89 |", "| fp32 | 81.89 |", True, True),
+        ("| fp32 | 81.89 |", "| fp32 | 82.17 |", True, False),
+        ("| fp32 | 81.89 |", "| fp32 | 82.17 |", False, True),
+        ("| fp32 | 81.89 |", "| fp32 | 93.00 |", False, False),
+    ],
+)
 def test_number_comparison(old, new, exact, same):
     assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact) == same
 
 
-@pytest.mark.parametrize("fresh", [
-    "fp16 dynamic reaches 82.17% test accuracy, 0.28 percentage points above fp32 (81.89%): not more than 0.5 below",
-    "fp16 dynamic reaches 81.05% test accuracy, 0.84 percentage points below fp32 (81.89%): more than 0.5 below",
-    "fp16 dynamic reaches 81.89% test accuracy, the same as fp32 (81.89%): not more than 0.5 below"])
+@pytest.mark.parametrize(
+    "fresh",
+    [
+        "fp16 dynamic reaches 82.17% test accuracy, 0.28 percentage points above fp32 (81.89%): "
+        "not more than 0.5 below",
+        "fp16 dynamic reaches 81.05% test accuracy, 0.84 percentage points below fp32 (81.89%): more than 0.5 below",
+        "fp16 dynamic reaches 81.89% test accuracy, the same as fp32 (81.89%): not more than 0.5 below",
+    ],
+)
 def test_elsewhere_the_verdicts_words_may_follow_its_numbers(fresh):
     """Another machine's accuracies may differ within the tolerance, and the verdict's words with them; its
     numbers are still compared (the gap's own number goes with its words)."""
@@ -132,15 +145,22 @@ def test_elsewhere_the_verdicts_words_may_follow_its_numbers(fresh):
     assert NUMBER.sub("#", old) == NUMBER.sub("#", new)
     assert _same_numbers(NUMBER.findall(new), NUMBER.findall(old), exact=False)
     assert _comparable(fresh, exact=True) == fresh  # on the page's machine every word must be equal
-    assert not _same_numbers(NUMBER.findall(_comparable(fresh.replace("81.89%)", "91.89%)"), exact=False)),
-                             NUMBER.findall(old), exact=False)
+    assert not _same_numbers(
+        NUMBER.findall(_comparable(fresh.replace("81.89%)", "91.89%)"), exact=False)), NUMBER.findall(old), exact=False
+    )
 
 
 def test_a_comparison_row_shows_the_first_steps_scale_and_the_final_scale():
     """The "first -> last" column: the scale the first step used and the one after the last step (the committed
     page cannot tell the first step's scale from the last step's: they are equal there)."""
-    result = {"config": {"loss_weight": 1e-4}, "test_accuracy": 0.5, "final_loss": 1e-4,
-              "gradient_lost_fraction": 0.25, "records": [{"loss_scale": 2.0**24}, {"loss_scale": 2.0**20}],
-              "summary": {"final_loss_scale": 2.0**21, "skipped_steps": 1, "steps": 2}}
+    result = {
+        "config": {"loss_weight": 1e-4},
+        "test_accuracy": 0.5,
+        "final_loss": 1e-4,
+        "gradient_lost_fraction": 0.25,
+        "records": [{"loss_scale": 2.0**24}, {"loss_scale": 2.0**20}],
+        "summary": {"final_loss_scale": 2.0**21, "skipped_steps": 1, "steps": 2},
+    }
     assert _comparison_rows([("fp16 dynamic", result)])[2] == (
-        "| fp16 dynamic | 50.00 | 1.0000 | 25.000 | 1 of 2 | 2**24 -> 2**21 |")
+        "| fp16 dynamic | 50.00 | 1.0000 | 25.000 | 1 of 2 | 2**24 -> 2**21 |"
+    )

@@ -1,6 +1,7 @@
 """Train cell, Model and checkpoints: no silent failure. One regression test per defect of issue 13 (each
 failed on the code before it), checkpoint paths as differential runs against an uninterrupted run; and the
 core's arithmetic, which every front-end shares (float64 gradients)."""
+
 import contextlib
 import warnings
 
@@ -9,13 +10,31 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore.common import dtype as mstype
+from nets import (
+    Float64Regression,
+    PlainSGD,
+    changed_since,
+    regression_batches,
+    regression_net,
+    snapshot,
+    train_calls,
+    training_state,
+)
 
-from lossscale import (DynamicLossScaleManager, FixedLossScaleManager, FixedLossScaleUpdateCell, GradScaler,
-                       LossScaleOptimizer, LossScalePolicy, LossScaler, Model, PersistentOverflowError,
-                       TrainOneStepWithLossScaleCell, build_train_network)
+from lossscale import (
+    DynamicLossScaleManager,
+    FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
+    GradScaler,
+    LossScaleOptimizer,
+    LossScalePolicy,
+    LossScaler,
+    Model,
+    PersistentOverflowError,
+    TrainOneStepWithLossScaleCell,
+    build_train_network,
+)
 from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
-from nets import (Float64Regression, PlainSGD, changed_since, regression_batches, regression_net, snapshot, train_calls,
-                  training_state)
 
 BATCHES = regression_batches(8, seed=11)
 
@@ -23,8 +42,7 @@ BATCHES = regression_batches(8, seed=11)
 def _dynamic_cell(net=None, **kwargs):
     net = net or regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=2, **kwargs)
-    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
-                                         manager.get_update_cell())
+    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9), manager.get_update_cell())
 
 
 def _run(cell, batches, inject=()):
@@ -44,6 +62,8 @@ def _checkpoint(cell, path):
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_is_loaded(tmp_path):
     """MindSpore's recipe: FixedLossScaleManager(S, False) and an optimizer with loss_scale=S. A checkpoint of a
     dynamic run (scale_sense = 2**16) used to replace the scale while the optimizer kept dividing by S."""
@@ -54,8 +74,12 @@ def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_i
     def recipe():
         net = regression_net()
         manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
-        cell = build_train_network(net, nn.Momentum(net.trainable_params(), 0.02, 0.9, loss_scale=1024.0),
-                                   level="O0", loss_scale_manager=manager)
+        cell = build_train_network(
+            net,
+            nn.Momentum(net.trainable_params(), 0.02, 0.9, loss_scale=1024.0),
+            level="O0",
+            loss_scale_manager=manager,
+        )
         return cell, manager
 
     resumed, manager = recipe()
@@ -91,8 +115,11 @@ def test_counters_of_another_configuration_are_refused(tmp_path):
     saved = _checkpoint(source, tmp_path / "h3.ckpt")
     target = _dynamic_cell()
     ms.load_param_into_net(target, saved)
-    with pytest.raises(ValueError, match=r"'loss_scale_hysteresis_left' must be an int in \[1, 1\], but got 3\. "
-                                         r"The loaded state does not belong"):
+    with pytest.raises(
+        ValueError,
+        match=r"'loss_scale_hysteresis_left' must be an int in \[1, 1\], but got 3\. "
+        r"The loaded state does not belong",
+    ):
         target.check_state()
     counters = _dynamic_cell()
     counters.counters.steps.set_data(Tensor(-5, mstype.int32))
@@ -102,9 +129,12 @@ def test_counters_of_another_configuration_are_refused(tmp_path):
 
 def _accumulating_cell():
     net = regression_net()
-    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02),
-                                         DynamicLossScaleManager(2**12, scale_window=2).get_update_cell(),
-                                         accumulation_steps=3)
+    return TrainOneStepWithLossScaleCell(
+        net,
+        nn.SGD(net.trainable_params(), 0.02),
+        DynamicLossScaleManager(2**12, scale_window=2).get_update_cell(),
+        accumulation_steps=3,
+    )
 
 
 def _fixed_cell():
@@ -114,21 +144,44 @@ def _fixed_cell():
 
 # (cell, Parameter name, value written as a checkpoint load would, message)
 FOREIGN_STATES = [
-    (lambda: _dynamic_cell(max_loss_scale=2.0**14), "scale_sense", np.float32(2.0**15),
-     r"'scale_sense' must be a finite number in \[1\.0, 16384\.0\], but got 32768\.0\."),
-    (lambda: _dynamic_cell(min_loss_scale=4.0), "scale_sense", np.float32(2.0),
-     r"'scale_sense' must be a finite number in \[4\.0, "),
-    (_dynamic_cell, "loss_scale_good_steps", np.int32(2),
-     r"'loss_scale_good_steps' must be an int in \[0, 1\], but got 2\."),
-    (_fixed_cell, "scale_sense", np.float32(2048.0),
-     r"'scale_sense' must equal the fixed loss scale 1024\.0, but got 2048\.0\."),
-    (_accumulating_cell, "loss_scale_micro_step", np.int32(3),
-     r"'loss_scale_micro_step' must be an int in \[0, 2\], but got 3\."),
+    (
+        lambda: _dynamic_cell(max_loss_scale=2.0**14),
+        "scale_sense",
+        np.float32(2.0**15),
+        r"'scale_sense' must be a finite number in \[1\.0, 16384\.0\], but got 32768\.0\.",
+    ),
+    (
+        lambda: _dynamic_cell(min_loss_scale=4.0),
+        "scale_sense",
+        np.float32(2.0),
+        r"'scale_sense' must be a finite number in \[4\.0, ",
+    ),
+    (
+        _dynamic_cell,
+        "loss_scale_good_steps",
+        np.int32(2),
+        r"'loss_scale_good_steps' must be an int in \[0, 1\], but got 2\.",
+    ),
+    (
+        _fixed_cell,
+        "scale_sense",
+        np.float32(2048.0),
+        r"'scale_sense' must equal the fixed loss scale 1024\.0, but got 2048\.0\.",
+    ),
+    (
+        _accumulating_cell,
+        "loss_scale_micro_step",
+        np.int32(3),
+        r"'loss_scale_micro_step' must be an int in \[0, 2\], but got 3\.",
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, name, value, message", FOREIGN_STATES,
-                         ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step"])
+@pytest.mark.parametrize(
+    "make, name, value, message",
+    FOREIGN_STATES,
+    ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step"],
+)
 def test_a_loaded_state_outside_the_cells_rule_is_refused_before_the_first_step(make, name, value, message):
     cell = make()
     parameter = next(p for p in cell.get_parameters() if p.name == name)
@@ -151,11 +204,15 @@ def test_the_update_cell_recovers_from_a_state_loaded_after_the_first_step():
     assert flags == [True, False] and scales == [2.0**19, 2.0**19]
 
 
+@pytest.mark.slow
 def test_weights_only_checkpoint_starts_the_scale_fresh(tmp_path):
     trained = _dynamic_cell()
     _run(trained, BATCHES[:3], inject={1})
-    weights = {k: v for k, v in _checkpoint(trained, tmp_path / "all.ckpt").items() if not k.startswith(
-        ("scale_sense", "loss_scale_"))}
+    weights = {
+        k: v
+        for k, v in _checkpoint(trained, tmp_path / "all.ckpt").items()
+        if not k.startswith(("scale_sense", "loss_scale_"))
+    }
     resumed, fresh = _dynamic_cell(), _dynamic_cell()
     ms.load_param_into_net(resumed, weights)
     ms.load_param_into_net(fresh, weights)
@@ -164,6 +221,7 @@ def test_weights_only_checkpoint_starts_the_scale_fresh(tmp_path):
     _same_weights(resumed, fresh)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_loaded_into_the_bare_network_restores_the_scale_with_restore_loss_scale(tmp_path):
     """The usual MindSpore way (load_param_into_net(network, ckpt), then the train cell) silently restarted the
     scale; restore_loss_scale(cell, ckpt) continues exactly as the uninterrupted run."""
@@ -180,8 +238,9 @@ def test_a_checkpoint_loaded_into_the_bare_network_restores_the_scale_with_resto
     assert _run(resumed, BATCHES[4:], inject={6}) == _run(uninterrupted, BATCHES[4:], inject={6})
     _same_weights(resumed, uninterrupted)
     with pytest.raises(ValueError, match="holds none of this train cell's loss-scale state"):
-        restore_loss_scale(_dynamic_cell(), {k: v for k, v in saved.items() if not k.startswith("loss_scale_")
-                                             and k != "scale_sense"})
+        restore_loss_scale(
+            _dynamic_cell(), {k: v for k, v in saved.items() if not k.startswith("loss_scale_") and k != "scale_sense"}
+        )
 
 
 class _MindSporeLossScaleState(nn.Cell):
@@ -197,6 +256,7 @@ class _MindSporeLossScaleState(nn.Cell):
         return self.update_cell(self.scale_sense, overflow)
 
 
+@pytest.mark.slow
 def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_path):
     """MindSpore's update cell counts steps (current_iterator_step, last_overflow_iterator_step), ours the clean
     steps in a row: restore_loss_scale translates them, so a run moved from MindSpore's cell to ours continues as
@@ -221,6 +281,7 @@ def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_pa
     assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
 
 
+@pytest.mark.slow
 def test_load_param_into_net_continues_a_checkpoint_of_mindspores_own_cell_as_restore_loss_scale(tmp_path):
     """The same checkpoint loaded the usual MindSpore way, into the train cell: its step counters are received under
     their names and become the clean-step count before the next step (growth came up to a window late), and the
@@ -261,10 +322,12 @@ def test_restore_loss_scale_translates_mindspores_counters_only_without_ours(our
 
 def _cell_with_mindspores_update_cell(net=None):
     net = net or regression_net()
-    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9),
-                                         nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2))
+    return TrainOneStepWithLossScaleCell(
+        net, nn.Momentum(net.trainable_params(), 0.02, 0.9), nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2)
+    )
 
 
+@pytest.mark.slow
 def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_cell(tmp_path):
     """Our train cell also runs MindSpore's own update cell; restore_loss_scale restored only scale_sense of it and
     left its step counters behind, so growth came late after a resume."""
@@ -277,11 +340,13 @@ def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_
     resumed = cell(network)
     ms.load_param_into_net(resumed.optimizer, saved)
     assert {"current_iterator_step", "last_overflow_iterator_step", "scale_sense"} <= set(
-        restore_loss_scale(resumed, saved))
+        restore_loss_scale(resumed, saved)
+    )
     assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
     _same_weights(resumed, uninterrupted)
 
 
+@pytest.mark.slow
 def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps():
     """With MindSpore's own update cell, state_dict() held the scale only: a resume from it lost the clean steps
     counted so far (growth a window late). It now holds them as good_steps, in our format, and loads them into a
@@ -296,8 +361,13 @@ def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps(
     resumed = [_cell_with_mindspores_update_cell(), _cell_with_mindspores_update_cell()]
     _run(resumed[1], BATCHES[:7], inject={6})
     for cell in resumed:
-        ms.load_param_into_net(cell, {name: Parameter(Tensor(value), name=name)  # weights and optimizer state
-                                      for name, value in weights.items()})
+        ms.load_param_into_net(
+            cell,
+            {
+                name: Parameter(Tensor(value), name=name)  # weights and optimizer state
+                for name, value in weights.items()
+            },
+        )
         cell.load_state_dict(state)
         assert cell.state_dict() == state
     expected = _run(uninterrupted, BATCHES[6:])
@@ -321,8 +391,11 @@ def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
         restore_loss_scale(target, saved)
     assert changed_since(before, target, snapshot) == []
     reshaped = dict(saved, scale_sense=Parameter(Tensor(np.full((1, 1), 8.0, np.float32)), name="scale_sense"))
-    with pytest.raises(ValueError, match=r"the checkpoint's 'scale_sense' has shape \(1, 1\), but this train "
-                                         r"cell's has shape \(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the checkpoint's 'scale_sense' has shape \(1, 1\), but this train "
+        r"cell's has shape \(\)",
+    ):
         restore_loss_scale(target, reshaped)  # (MindSpore's loader raised RuntimeError after a partial load)
     assert changed_since(before, target, snapshot) == []
 
@@ -333,18 +406,34 @@ def _refusal_cases():
     return cell, [
         ((cell, None), TypeError, "'param_dict' must be a dict of Parameter names to values.*got NoneType"),
         ((cell, [("scale_sense", 8.0)]), TypeError, "'param_dict' must be a dict.*got list"),
-        ((cell.network, {"scale_sense": 8.0}), TypeError, "'cell' must be a lossscale.TrainOneStepWithLossScaleCell, "
-                                                          "but got WithLossCell: a bare network's weights load with "
-                                                          "mindspore.load_param_into_net"),
-        ((GradScaler(), {"scale_sense": 8.0}), TypeError, "but got GradScaler: a GradScaler's state loads with its "
-                                                          "load_state_dict"),
-        ((DynamicLossScaleManager(), {}), TypeError, "but got DynamicLossScaleManager: a DynamicLossScaleManager's "
-                                                     "state loads with its load_state_dict"),
-        ((LossScaleOptimizer(nn.SGD(cell.network.trainable_params(), 0.1)), {}), TypeError,
-         "but got LossScaleOptimizer: a LossScaleOptimizer's scale is one of its Parameters: "
-         "mindspore.load_param_into_net\\(optimizer, checkpoint\\)"),
-        ((cell, {"loss_scale_good_steps": np.int32(1), "scale_sense": "8"}), TypeError,
-         "the checkpoint's 'scale_sense' must hold numbers, but got '8' of type str"),
+        (
+            (cell.network, {"scale_sense": 8.0}),
+            TypeError,
+            "'cell' must be a lossscale.TrainOneStepWithLossScaleCell, "
+            "but got WithLossCell: a bare network's weights load with "
+            "mindspore.load_param_into_net",
+        ),
+        (
+            (GradScaler(), {"scale_sense": 8.0}),
+            TypeError,
+            "but got GradScaler: a GradScaler's state loads with its load_state_dict",
+        ),
+        (
+            (DynamicLossScaleManager(), {}),
+            TypeError,
+            "but got DynamicLossScaleManager: a DynamicLossScaleManager's state loads with its load_state_dict",
+        ),
+        (
+            (LossScaleOptimizer(nn.SGD(cell.network.trainable_params(), 0.1)), {}),
+            TypeError,
+            "but got LossScaleOptimizer: a LossScaleOptimizer's scale is one of its Parameters: "
+            "mindspore.load_param_into_net\\(optimizer, checkpoint\\)",
+        ),
+        (
+            (cell, {"loss_scale_good_steps": np.int32(1), "scale_sense": "8"}),
+            TypeError,
+            "the checkpoint's 'scale_sense' must hold numbers, but got '8' of type str",
+        ),
         ((cell, {"loss_scale_good_steps": np.float32(1.5)}), ValueError, int32 + ", but got 1.5"),
         ((cell, {"loss_scale_good_steps": np.float32(np.nan)}), ValueError, int32 + ", but got nan"),
         # 2**32 + 1 would wrap to 1 in int32, which the state check then accepted
@@ -364,8 +453,9 @@ def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_any
             restore_loss_scale(*arguments)
         assert changed_since(before, cell, snapshot) == [], pattern
     for public in (check_cell_state, checkpoint_choice):
-        with pytest.raises(TypeError, match="'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got "
-                                            "WithLossCell"):
+        with pytest.raises(
+            TypeError, match="'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got WithLossCell"
+        ):
             public(cell.network)
     assert restore_loss_scale(cell, {"loss_scale_good_steps": np.float64(1.0)}) == ["loss_scale_good_steps"]
     assert cell.state_dict()["good_steps"] == 1  # a whole float is a count
@@ -373,11 +463,15 @@ def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_any
 
 def _accumulating_cell(net=None):
     net = net or regression_net()
-    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
-                                         DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
-                                         accumulation_steps=2)
+    return TrainOneStepWithLossScaleCell(
+        net,
+        nn.SGD(net.trainable_params(), 0.05),
+        DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
+        accumulation_steps=2,
+    )
 
 
+@pytest.mark.slow
 def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path):
     """And one choice function serves every later save: it reads the window's position at each save (it read it
     once, when built, so a function kept from a boundary dropped the partial sums of a mid-window save)."""
@@ -400,6 +494,7 @@ def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path)
     assert [k for k in ms.load_checkpoint(str(mid)) if k.startswith("loss_scale_accumulator.")]
 
 
+@pytest.mark.slow
 def test_restore_loss_scale_refuses_a_mid_window_checkpoint_it_cannot_continue(tmp_path):
     """A checkpoint saved inside an accumulation window holds the window's partial sums: restored into an
     accumulating cell it continues exactly. It did not: restore_loss_scale loaded with MindSpore's
@@ -421,10 +516,15 @@ def test_restore_loss_scale_refuses_a_mid_window_checkpoint_it_cannot_continue(t
     without_sums = {k: v for k, v in saved.items() if not k.startswith("loss_scale_accumulator.")}
     no_window = r"inside an accumulation window \(loss_scale_micro_step=1\).* has no accumulation"
     for target, state, error in [
-            (_dynamic_cell(), saved, no_window + r" \(accumulation_steps=1\)"),
-            (_dynamic_cell(), {k: v.asnumpy() for k, v in saved.items()}, no_window),  # a dict of arrays too
-            (_accumulating_cell(), without_sums, r"inside an accumulation window \(loss_scale_micro_step=1\) "
-                                                 r"without its partial sums \(loss_scale_accumulator\.")]:
+        (_dynamic_cell(), saved, no_window + r" \(accumulation_steps=1\)"),
+        (_dynamic_cell(), {k: v.asnumpy() for k, v in saved.items()}, no_window),  # a dict of arrays too
+        (
+            _accumulating_cell(),
+            without_sums,
+            r"inside an accumulation window \(loss_scale_micro_step=1\) "
+            r"without its partial sums \(loss_scale_accumulator\.",
+        ),
+    ]:
         before = snapshot(target)
         with pytest.raises(ValueError, match=error):
             restore_loss_scale(target, state)
@@ -439,8 +539,11 @@ def test_load_param_into_net_of_a_mid_window_checkpoint_into_a_cell_without_accu
     target = _dynamic_cell()
     ms.load_param_into_net(target, _checkpoint(uninterrupted, tmp_path / "mid.ckpt"))
     before = snapshot(target)
-    with pytest.raises(ValueError, match=r"inside an accumulation window \(loss_scale_micro_step=1\).* has no "
-                                         r"accumulation \(accumulation_steps=1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"inside an accumulation window \(loss_scale_micro_step=1\).* has no "
+        r"accumulation \(accumulation_steps=1\)",
+    ):
         target(*(Tensor(a) for a in BATCHES[3]))
     assert changed_since(before, target, snapshot) == []
 
@@ -453,10 +556,15 @@ def _write_inf_with_load_param_into_net(cell):
     ms.load_param_into_net(cell, {"scale_sense": Parameter(Tensor(np.float32(np.inf)), name="scale_sense")})
 
 
-@pytest.mark.parametrize("write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net],
-                         ids=["set_data", "load_param_into_net"])
-@pytest.mark.parametrize("scale_sense", [lambda: Tensor(np.float32(8.0)), lambda: FixedLossScaleUpdateCell(8.0)],
-                         ids=["Tensor", "fixed update cell"])
+@pytest.mark.parametrize(
+    "write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net], ids=["set_data", "load_param_into_net"]
+)
+@pytest.mark.parametrize(
+    "scale_sense",
+    [lambda: Tensor(np.float32(8.0)), lambda: FixedLossScaleUpdateCell(8.0)],
+    ids=["Tensor", "fixed update cell"],
+)
+@pytest.mark.slow
 def test_a_non_finite_fixed_scale_written_into_a_running_cell_is_refused(scale_sense, write):
     """Every step would be skipped from then on (the checks before the first step do not run again): the step
     that would skip raises instead, having applied nothing."""
@@ -470,8 +578,9 @@ def test_a_non_finite_fixed_scale_written_into_a_running_cell_is_refused(scale_s
     assert changed_since(before, cell) == []
 
 
-@pytest.mark.parametrize("write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net],
-                         ids=["set_data", "load_param_into_net"])
+@pytest.mark.parametrize(
+    "write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net], ids=["set_data", "load_param_into_net"]
+)
 def test_a_non_finite_dynamic_scale_written_into_a_running_cell_is_brought_back_by_its_rule(write):
     """The rule backs off from inf as from the largest float32 scale, skipping one step."""
     cell = _dynamic_cell()
@@ -482,6 +591,7 @@ def test_a_non_finite_dynamic_scale_written_into_a_running_cell_is_brought_back_
 
 
 # ---- decisions -------------------------------------------------------------------------------------
+
 
 class HugeGradient(nn.Cell):
     """``loss = w * x``: the gradient is ``x``, 3e38 (finite in float32); two of them sum to inf."""
@@ -496,8 +606,9 @@ class HugeGradient(nn.Cell):
 
 def test_finite_micro_batch_gradients_whose_sum_is_inf_skip_the_window():
     net = HugeGradient()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 1e-40), Tensor(np.float32(1.0)),
-                                         accumulation_steps=2)
+    cell = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 1e-40), Tensor(np.float32(1.0)), accumulation_steps=2
+    )
     x = Tensor(np.array([3e38], np.float32))
     first = cell(x)
     second = cell(x)
@@ -537,9 +648,12 @@ def test_a_zero_size_parameter_does_not_fake_overflows(clip):
     """MindSpore's CPU ReduceSum of an empty tensor returns uninitialised memory: clean steps were flagged and
     the scale fell forever (in the overflow check, and in the clipping norm that decides instead)."""
     net = ZeroSizeParameter()
-    cell = TrainOneStepWithLossScaleCell(net, PlainSGD(0.01, net.trainable_params()),
-                                         DynamicLossScaleManager(2**10, scale_window=2).get_update_cell(),
-                                         clip_global_norm=clip)
+    cell = TrainOneStepWithLossScaleCell(
+        net,
+        PlainSGD(0.01, net.trainable_params()),
+        DynamicLossScaleManager(2**10, scale_window=2).get_update_cell(),
+        clip_global_norm=clip,
+    )
     flags, scales = _run(cell, BATCHES * 2)
     assert flags == [False] * 16 and scales[-1] == 2.0**18
 
@@ -570,8 +684,9 @@ def test_forensics_name_a_non_finite_bfloat16_loss():
     """The forensics test the loss in float32: MindSpore's CPU isfinite has no bfloat16 kernel (testing the
     bfloat16 loss itself failed to compile: "Kernel select failed")."""
     net = Bfloat16Loss()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(1.0)),
-                                         debug_overflow=True)
+    cell = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(1.0)), debug_overflow=True
+    )
     x, y = BATCHES[0]
     x = x.copy()
     x[0, 0] = np.inf
@@ -609,12 +724,16 @@ def _float64_steps(front_end, net, learning_rate):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("loss, dtype, expected", [
-    (np.float16(60000.0), mstype.float32, 60000.0 * 2.0**16),   # beyond float16's range once scaled
-    (ms.Tensor(1.5, mstype.bfloat16), mstype.float32, 1.5 * 2.0**16),
-    (np.float32(1.5), mstype.float32, 1.5 * 2.0**16),
-    (np.float64(1e300), mstype.float64, 1e300 * 2.0**16),       # beyond float32's range once scaled
-], ids=["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "loss, dtype, expected",
+    [
+        (np.float16(60000.0), mstype.float32, 60000.0 * 2.0**16),  # beyond float16's range once scaled
+        (ms.Tensor(1.5, mstype.bfloat16), mstype.float32, 1.5 * 2.0**16),
+        (np.float32(1.5), mstype.float32, 1.5 * 2.0**16),
+        (np.float64(1e300), mstype.float64, 1e300 * 2.0**16),  # beyond float32's range once scaled
+    ],
+    ids=["float16", "bfloat16", "float32", "float64"],
+)
 def test_the_scaled_loss_is_promoted_to_at_least_float32(loss, dtype, expected, compiled):
     """What scale() returns for each loss dtype: at least float32, so a scaled float16 loss does not overflow, and
     float64 for a float64 loss. (MindSpore's own type promotion gives the same on 2.7.1 and 2.10, measured: the
@@ -625,36 +744,54 @@ def test_the_scaled_loss_is_promoted_to_at_least_float32(loss, dtype, expected, 
     assert scaled.dtype == dtype and float(scaled.astype(mstype.float64).asnumpy()) == expected
 
 
-@pytest.mark.parametrize("losses, finite", [
-    ((Tensor(1.0), Tensor(2.0)), True),
-    ((Tensor(np.nan), Tensor(2.0)), False),
-    ([Tensor(1.0), (Tensor(2.0), Tensor(-np.inf))], False),
-    ([(Tensor(np.inf),), Tensor(2.0)], False),
-], ids=["finite", "first", "nested_last", "nested_first"])
+@pytest.mark.parametrize(
+    "losses, finite",
+    [
+        ((Tensor(1.0), Tensor(2.0)), True),
+        ((Tensor(np.nan), Tensor(2.0)), False),
+        ([Tensor(1.0), (Tensor(2.0), Tensor(-np.inf))], False),
+        ([(Tensor(np.inf),), Tensor(2.0)], False),
+    ],
+    ids=["finite", "first", "nested_last", "nested_first"],
+)
 def test_a_non_finite_loss_anywhere_in_a_nested_tuple_counts(losses, finite):
     """loss_flag over several losses sums every one's term (keeping only the last passed the suite)."""
     flag = LossScaler(8.0, name="nested_loss_flag").loss_flag(losses)
     assert np.isfinite(float(flag.asnumpy())) == finite
 
 
-@pytest.mark.parametrize("rule, mutable_rule, switch, expected", [
-    (8.0, False, None, False),
-    (Tensor(np.float32(8.0)), False, None, False),
-    (FixedLossScaleUpdateCell(8.0), False, None, False),
-    (nn.FixedLossScaleUpdateCell(8.0), False, None, False),
-    (nn.DynamicLossScaleUpdateCell(8.0, 2, 3), False, None, True),
-    (LossScalePolicy(init_scale=8.0), False, None, True),
-    (LossScalePolicy(init_scale=8.0), True, None, True),
-    (LossScalePolicy(init_scale=8.0), True, False, False),
-    (LossScalePolicy(init_scale=8.0), True, True, True),
-], ids=["number", "tensor", "fixed_cell", "mindspore_fixed_cell", "mindspore_dynamic_cell", "policy", "mutable",
-        "switched_fixed", "switched_back"])
+@pytest.mark.parametrize(
+    "rule, mutable_rule, switch, expected",
+    [
+        (8.0, False, None, False),
+        (Tensor(np.float32(8.0)), False, None, False),
+        (FixedLossScaleUpdateCell(8.0), False, None, False),
+        (nn.FixedLossScaleUpdateCell(8.0), False, None, False),
+        (nn.DynamicLossScaleUpdateCell(8.0, 2, 3), False, None, True),
+        (LossScalePolicy(init_scale=8.0), False, None, True),
+        (LossScalePolicy(init_scale=8.0), True, None, True),
+        (LossScalePolicy(init_scale=8.0), True, False, False),
+        (LossScalePolicy(init_scale=8.0), True, True, True),
+    ],
+    ids=[
+        "number",
+        "tensor",
+        "fixed_cell",
+        "mindspore_fixed_cell",
+        "mindspore_dynamic_cell",
+        "policy",
+        "mutable",
+        "switched_fixed",
+        "switched_back",
+    ],
+)
 def test_the_core_reports_whether_its_scale_is_dynamic(rule, mutable_rule, switch, expected):
     """The host property ``dynamic`` and the graph read ``dynamic_flag()`` agree for every kind of rule (a
     dynamic_flag that always read the mutable rule's Parameter survived the other tests: only the GradScaler, whose
     rule is always mutable, reads it)."""
-    core = LossScaler(rule, name=f"dynamic_flag_{type(rule).__name__}_{mutable_rule}_{switch}",
-                      mutable_rule=mutable_rule)
+    core = LossScaler(
+        rule, name=f"dynamic_flag_{type(rule).__name__}_{mutable_rule}_{switch}", mutable_rule=mutable_rule
+    )
     if switch is not None:
         core.set_rule(dynamic=False)
         if switch:
@@ -677,6 +814,7 @@ def test_set_rule_needs_a_mutable_rule(rule):
 
 @pytest.mark.parametrize("front_end", ["train cell", "GradScaler", "LossScaleOptimizer"])
 @pytest.mark.parametrize("magnitude", [1.0, 1e20], ids=["precision", "range beyond float32"])
+@pytest.mark.slow
 def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
     """Unscaling went through float32: float64 gradients lost their precision (weights 8e-9 off the control),
     and finite float64 gradients beyond float32's range became inf, so every step was skipped."""
@@ -699,8 +837,9 @@ def test_float64_gradients_keep_their_precision_through_clipping():
     precision."""
     rng = np.random.RandomState(5)
     ours, theirs = Float64Regression(), Float64Regression()
-    step = TrainOneStepWithLossScaleCell(ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)),
-                                         clip_global_norm=1e30)
+    step = TrainOneStepWithLossScaleCell(
+        ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)), clip_global_norm=1e30
+    )
     control = nn.TrainOneStepCell(theirs, PlainSGD(1e-3, theirs.trainable_params()))
     for _ in range(3):
         x, y = Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))
@@ -716,14 +855,15 @@ def test_float64_gradients_keep_their_precision_through_accumulation(steps):
     in float64 too (float32's 1/3 is 1e-8 off: weights 1e-10 off the control, measured)."""
     rng = np.random.RandomState(5)
     ours, theirs = Float64Regression(), Float64Regression()
-    step = TrainOneStepWithLossScaleCell(ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)),
-                                         accumulation_steps=steps)
+    step = TrainOneStepWithLossScaleCell(
+        ours, PlainSGD(1e-3, ours.trainable_params()), Tensor(np.float32(1024.0)), accumulation_steps=steps
+    )
     control = nn.TrainOneStepCell(theirs, PlainSGD(1e-3, theirs.trainable_params()))
     assert step.accumulation.accumulators[0].dtype == mstype.float64
     for _ in range(3):
         x, y = rng.randn(4 * steps, 6), rng.randn(4 * steps, 3)
         for micro in range(steps):
-            step(Tensor(x[4 * micro:4 * micro + 4]), Tensor(y[4 * micro:4 * micro + 4]))
+            step(Tensor(x[4 * micro : 4 * micro + 4]), Tensor(y[4 * micro : 4 * micro + 4]))
         control(Tensor(x), Tensor(y))
     np.testing.assert_allclose(ours.w.asnumpy(), theirs.w.asnumpy(), rtol=1e-13, atol=0)
 
@@ -735,9 +875,12 @@ def test_raise_policy_reads_the_scale_after_a_resume(tmp_path):
     source.set_sense_scale(Tensor(np.float32(2.0**15)))
     saved = _checkpoint(source, tmp_path / "s.ckpt")
     net = regression_net()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05),
-                                         DynamicLossScaleManager(1.0, scale_window=2).get_update_cell(),
-                                         overflow_policy="raise")
+    cell = TrainOneStepWithLossScaleCell(
+        net,
+        nn.SGD(net.trainable_params(), 0.05),
+        DynamicLossScaleManager(1.0, scale_window=2).get_update_cell(),
+        overflow_policy="raise",
+    )
     ms.load_param_into_net(cell, saved)
     flags, scales = _run(cell, BATCHES[:2], inject={0})
     assert flags == [True, False] and scales == [2.0**14, 2.0**14]
@@ -754,8 +897,9 @@ def test_set_sense_scale_keeps_to_the_rule():
     fixed = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), FixedLossScaleUpdateCell(512.0))
     with pytest.raises(ValueError, match="FixedLossScaleUpdateCell, which fixes it at 512.0"):
         fixed.set_sense_scale(Tensor(np.float32(1024.0)))
-    mindspores = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1),
-                                               nn.FixedLossScaleUpdateCell(256.0))  # MindSpore's own fixed cell
+    mindspores = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), nn.FixedLossScaleUpdateCell(256.0)
+    )  # MindSpore's own fixed cell
     with pytest.raises(ValueError, match="FixedLossScaleUpdateCell, which fixes it at 256.0"):
         mindspores.set_sense_scale(Tensor(np.float32(1024.0)))
     assert cell.get_loss_scale() == 4096.0 and fixed.get_loss_scale() == 512.0 and mindspores.get_loss_scale() == 256.0
@@ -774,8 +918,9 @@ def test_the_float32_floor_is_a_valid_scale_for_set_sense_scale_and_the_state_ch
 def test_extra_outputs_give_the_learning_rate_and_the_global_norm(options):
     net = regression_net()
     schedule = nn.piecewise_constant_lr([2, 4], [0.1, 0.01])
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), schedule), Tensor(np.float32(256.0)),
-                                         extra_outputs=True, **options)
+    cell = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), schedule), Tensor(np.float32(256.0)), extra_outputs=True, **options
+    )
     grad_fn = ms.value_and_grad(net, None, net.trainable_params())
     rates = []
     for x, y in BATCHES[:3]:
@@ -790,39 +935,60 @@ def test_extra_outputs_give_the_learning_rate_and_the_global_norm(options):
 
 def test_extra_outputs_with_accumulation_report_each_micro_batch_and_the_window_mean():
     net = regression_net()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(256.0)),
-                                         extra_outputs=True, accumulation_steps=2)
+    cell = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(256.0)), extra_outputs=True, accumulation_steps=2
+    )
     grad_fn = ms.value_and_grad(net, None, net.trainable_params())
     (x0, y0), (x1, y1) = BATCHES[:2]
     first = [g.asnumpy().astype(np.float64) for g in grad_fn(Tensor(x0), Tensor(y0))[1]]
     second = [g.asnumpy().astype(np.float64) for g in grad_fn(Tensor(x1), Tensor(y1))[1]]
-    norm = lambda grads: np.sqrt(sum(float((g ** 2).sum()) for g in grads))  # noqa: E731
+    norm = lambda grads: np.sqrt(sum(float((g**2).sum()) for g in grads))  # noqa: E731
     micro, last = cell(Tensor(x0), Tensor(y0)), cell(Tensor(x1), Tensor(y1))
     assert float(micro[4].asnumpy()) == pytest.approx(norm(first), rel=1e-5)  # this micro-batch's gradients
     assert float(last[4].asnumpy()) == pytest.approx(norm([(a + b) / 2 for a, b in zip(first, second)]), rel=1e-5)
     assert [round(float(outputs[3].asnumpy()), 6) for outputs in (micro, last)] == [0.1, 0.1]
 
 
-@pytest.mark.parametrize("per_micro_batch, inject, expected, drop", [
-    (False, (), 2, True), (True, (), 8, True),
-    (False, (5,), 1, True), (True, (5,), 8, True),  # the second window skipped (an inf in its second micro-batch)
-    (False, (5,), 2, False), (True, (5,), 8, False),  # drop_overflow_update=False: that window is applied
-], ids=["per_step", "per_micro_batch", "per_step_skipped_window", "per_micro_batch_skipped_window",
-        "per_step_applied_overflow", "per_micro_batch_applied_overflow"])
+@pytest.mark.parametrize(
+    "per_micro_batch, inject, expected, drop",
+    [
+        (False, (), 2, True),
+        (True, (), 8, True),
+        (False, (5,), 1, True),
+        (True, (5,), 8, True),  # the second window skipped (an inf in its second micro-batch)
+        (False, (5,), 2, False),
+        (True, (5,), 8, False),  # drop_overflow_update=False: that window is applied
+    ],
+    ids=[
+        "per_step",
+        "per_micro_batch",
+        "per_step_skipped_window",
+        "per_micro_batch_skipped_window",
+        "per_step_applied_overflow",
+        "per_micro_batch_applied_overflow",
+    ],
+)
 def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_batch, inject, expected, drop):
     """By default global_step counts applied optimizer steps; with lr_per_micro_batch every call, in a skipped
     window too (docs/training.md), and once only in an overflowing window that is applied (the optimizer's own
     count)."""
     net = regression_net()
     optimizer = nn.SGD(net.trainable_params(), 0.01)
-    cell = TrainOneStepWithLossScaleCell(net, optimizer, Tensor(np.float32(64.0)), accumulation_steps=4,
-                                         lr_per_micro_batch=per_micro_batch, drop_overflow_update=drop)
+    cell = TrainOneStepWithLossScaleCell(
+        net,
+        optimizer,
+        Tensor(np.float32(64.0)),
+        accumulation_steps=4,
+        lr_per_micro_batch=per_micro_batch,
+        drop_overflow_update=drop,
+    )
     overflows = _run(cell, BATCHES, inject)[0]
     assert overflows == [False] * 7 + [bool(inject)]
     assert int(optimizer.global_step.asnumpy().reshape(-1)[0]) == expected
 
 
 # ---- parallel modes ----------------------------------------------------------------------------------
+
 
 class RemoteRankFlag(nn.Cell):
     """Stands in for the flag all-reduce: adds the flag another rank would contribute (held in a Parameter: a
@@ -846,8 +1012,9 @@ def _parallel_mode(mode):
         context.reset_auto_parallel_context()
 
 
-@pytest.mark.parametrize("mode", ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel",
-                                  "auto_parallel"])
+@pytest.mark.parametrize(
+    "mode", ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"]
+)
 def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
     """As MindSpore's own cell: the decision is all-reduced in every mode but stand-alone, so an overflow on another
     rank skips this one too. (Semi-auto and auto parallel do not run on CPU: the cell is built in the mode, then
@@ -876,6 +1043,7 @@ def _built_in_data_parallel(build):
 _REMOTE_OVERFLOW_AT = [(True, "unscale_"), (True, "step"), (False, "step"), (False, "update"), (True, None)]
 
 
+@pytest.mark.slow
 def test_each_grad_scaler_call_all_reduces_its_decision_in_data_parallel():
     """docs/distributed.md: unscale_, step and update each all-reduce one scalar decision. Called from Python each
     is a graph of its own, so the stand-in can report another rank's overflow to one call at a time while this
@@ -918,8 +1086,9 @@ def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_paralle
     overflow on another rank skip the step and back off. ``minimize`` reduces its gradients itself; the stand-in
     for that reducer passes them through."""
     net = regression_net()
-    optimizer = _built_in_data_parallel(lambda: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05),
-                                                                    initial_scale=1024.0))
+    optimizer = _built_in_data_parallel(
+        lambda: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=1024.0)
+    )
     optimizer._core.allreduce = RemoteRankFlag(remote)
     optimizer._grad_reducer = ops.identity
     x, y = (Tensor(a) for a in BATCHES[0])
@@ -941,6 +1110,7 @@ def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_paralle
     assert float(optimizer.loss_scale.asnumpy()) == (512.0 if overflow else 1024.0)
 
 
+@pytest.mark.slow
 def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it():
     """Built in stand-alone mode and compiled after set_auto_parallel_context(data_parallel), each rank decided its
     overflow alone, and the train cell and LossScaleOptimizer.minimize did not reduce the gradients: under msrun
@@ -966,13 +1136,19 @@ def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it()
         scaler.update()
         return skipped
 
-    steps = {"train cell": lambda: cell(x, y)[1], "minimize": lambda: optimizer.minimize(loss),
-             "GradScaler": torch_step}
+    steps = {
+        "train cell": lambda: cell(x, y)[1],
+        "minimize": lambda: optimizer.minimize(loss),
+        "GradScaler": torch_step,
+    }
     before = training_state(net)
     with _parallel_mode("data_parallel"):
         for name, step in steps.items():
-            with pytest.raises(RuntimeError, match="built in stand-alone mode but is compiled with "
-                                                   "parallel_mode='data_parallel'.*after mindspore.set_auto_parallel"):
+            with pytest.raises(
+                RuntimeError,
+                match="built in stand-alone mode but is compiled with "
+                "parallel_mode='data_parallel'.*after mindspore.set_auto_parallel",
+            ):
                 step()
             assert changed_since(before, net) == [], name
     assert [bool(step().asnumpy()) for step in steps.values()] == [False] * 3
@@ -986,20 +1162,28 @@ def test_pipeline_parallel_is_refused_with_what_to_use():
     context.set_auto_parallel_context(pipeline_stages=2)
     try:
         with pytest.raises(ValueError, match="pipeline parallel .* needs MindSpore's pipeline train cell"):
-            build_train_network(net, nn.SGD(net.trainable_params(), 0.1), level="O0",
-                                loss_scale_manager=DynamicLossScaleManager())
+            build_train_network(
+                net, nn.SGD(net.trainable_params(), 0.1), level="O0", loss_scale_manager=DynamicLossScaleManager()
+            )
     finally:
         context.reset_auto_parallel_context()
 
 
 # ---- Model and build_train_network -------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"boost_level": "O1", "clip_global_norm": 1.0}, "clip_global_norm would be ignored"),
-    ({"boost_level": "O2", "accumulation_steps": 2, "overflow_policy": "warn"}, "accumulation_steps, overflow_policy"),
-    ({"boost_level": "O1", "loss_scale_manager": DynamicLossScaleManager()}, "does not run on CPU"),
-    ({"boost_level": "O3"}, "'boost_level' must be one of"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"boost_level": "O1", "clip_global_norm": 1.0}, "clip_global_norm would be ignored"),
+        (
+            {"boost_level": "O2", "accumulation_steps": 2, "overflow_policy": "warn"},
+            "accumulation_steps, overflow_policy",
+        ),
+        ({"boost_level": "O1", "loss_scale_manager": DynamicLossScaleManager()}, "does not run on CPU"),
+        ({"boost_level": "O3"}, "'boost_level' must be one of"),
+    ],
+)
 def test_boost_level_refuses_what_it_would_drop(kwargs, pattern):
     net = nn.Dense(4, 2)
     with pytest.raises(ValueError, match=pattern):
@@ -1013,8 +1197,13 @@ def test_boost_level_with_a_manager_that_has_no_update_cell_runs_mindspores_boos
     optimizer's loss_scale=S divides), and MindSpore's BoostTrainOneStepCell trains with it here."""
     net = nn.Dense(4, 2)
     optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=128.0)
-    cell = build_train_network(net, optimizer, nn.MSELoss(), boost_level="O1",
-                               loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False))
+    cell = build_train_network(
+        net,
+        optimizer,
+        nn.MSELoss(),
+        boost_level="O1",
+        loss_scale_manager=FixedLossScaleManager(128.0, drop_overflow_update=False),
+    )
     assert type(cell).__name__ == "BoostTrainOneStepCell"
     before = net.weight.asnumpy().copy()
     loss = cell(Tensor(np.ones((3, 4), np.float32)), Tensor(np.zeros((3, 2), np.float32)))
@@ -1053,12 +1242,20 @@ _SCALING_CALLS = [
     ("GradScaler, PyTorch's spelling", lambda net: GradScaler("cpu", init_scale=8.0).scale),
     ("GradScaler, Paddle's spelling", lambda net: GradScaler(init_loss_scaling=8.0).scale),
     ("GradScaler, a tuple of losses", lambda net: _first_of_tuple(GradScaler("cpu", init_scale=8.0).scale)),
-    ("LossScaleOptimizer", lambda net: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1),
-                                                          initial_scale=8.0).get_scaled_loss),
-    ("LossScaleOptimizer, fixed", lambda net: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False,
-                                                                 initial_scale=8.0).get_scaled_loss),
-    ("LossScaleOptimizer, a callable", lambda net: _called(LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1),
-                                                                              initial_scale=8.0).get_scaled_loss)),
+    (
+        "LossScaleOptimizer",
+        lambda net: LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0).get_scaled_loss,
+    ),
+    (
+        "LossScaleOptimizer, fixed",
+        lambda net: (
+            LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False, initial_scale=8.0).get_scaled_loss
+        ),
+    ),
+    (
+        "LossScaleOptimizer, a callable",
+        lambda net: _called(LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), initial_scale=8.0).get_scaled_loss),
+    ),
     ("LossScaler (the core)", lambda net: LossScaler(LossScalePolicy(init_scale=8.0), name="outside_core").scale),
 ]
 
@@ -1182,9 +1379,9 @@ def _grad_scaler_cells(*args):
 # label: () -> (the Cells that hold lossscale's Parameters, the user's Cells inside them, whose Parameters are not ours)
 LOSS_SCALING_OWNERS = {
     "train cell": _train_cell_parts,
-    "train cell, every option": lambda: _train_cell_parts(update_cell=FixedLossScaleUpdateCell(1024.0),
-                                                          accumulation_steps=2, clip_global_norm=1.0,
-                                                          debug_overflow=True),
+    "train cell, every option": lambda: _train_cell_parts(
+        update_cell=FixedLossScaleUpdateCell(1024.0), accumulation_steps=2, clip_global_norm=1.0, debug_overflow=True
+    ),
     "build_train_network": _build_train_network_parts,
     "LossScaleOptimizer": _loss_scale_optimizer_parts,
     "LossScaleOptimizer, fixed": lambda: _loss_scale_optimizer_parts(dynamic=False, initial_scale=8.0),

@@ -3,24 +3,31 @@
 BatchNorm updates its moving mean and variance in the forward pass, before any check. A batch whose forward
 pass overflows makes them inf/nan for good in MindSpore's and PyTorch's loss scaling (training goes on with
 batch statistics, every evaluation returns nan). The train cell writes them back on a skipped step."""
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, mint, nn
+from nets import BatchNormNet
 
 from lossscale import DynamicLossScaleManager, FixedLossScaleManager, Model, TrainOneStepWithLossScaleCell
 from lossscale.training.running_statistics import RunningStatistics
-from nets import BatchNormNet
 
-BATCHES = [(np.random.RandomState(seed).randn(8, 4).astype(np.float32),
-            np.random.RandomState(seed + 100).randn(8, 1).astype(np.float32)) for seed in range(4)]
+BATCHES = [
+    (
+        np.random.RandomState(seed).randn(8, 4).astype(np.float32),
+        np.random.RandomState(seed + 100).randn(8, 1).astype(np.float32),
+    )
+    for seed in range(4)
+]
 
 
 def _cell(manager, **options):
     net = BatchNormNet()
     scale_sense = manager.get_update_cell() if manager is not None else Tensor(np.float32(1024.0))
-    step = TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()),
-                                         nn.Momentum(net.trainable_params(), 0.05, 0.9), scale_sense, **options)
+    step = TrainOneStepWithLossScaleCell(
+        nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.05, 0.9), scale_sense, **options
+    )
     step.set_train()
     return net, step
 
@@ -58,6 +65,7 @@ def _mode(request):
 
 
 @pytest.mark.parametrize("kind", ["inf_input", "inf_loss"])
+@pytest.mark.slow
 def test_a_skipped_step_leaves_the_whole_network_as_a_run_that_never_saw_the_batch(kind, mode):
     net, step = _cell(FixedLossScaleManager(1024.0, drop_overflow_update=True))
     control_net, control = _cell(FixedLossScaleManager(1024.0, drop_overflow_update=True))
@@ -90,11 +98,13 @@ def test_an_applied_overflowing_step_keeps_its_statistics():
     assert not all(np.isfinite(v).all() for v in _statistics(net).values())
 
 
+@pytest.mark.slow
 def test_dynamic_scale_clean_steps_update_the_statistics_as_mindspores_cell():
     net, step = _cell(DynamicLossScaleManager(2.0**10, 2, 2))
     control_net = BatchNormNet()
-    control = nn.TrainOneStepCell(nn.WithLossCell(control_net, nn.MSELoss()),
-                                  nn.Momentum(control_net.trainable_params(), 0.05, 0.9))
+    control = nn.TrainOneStepCell(
+        nn.WithLossCell(control_net, nn.MSELoss()), nn.Momentum(control_net.trainable_params(), 0.05, 0.9)
+    )
     control.set_train()
     assert _train(step, BATCHES) == [False] * 4
     for x, y in BATCHES:
@@ -120,14 +130,30 @@ def test_with_accumulation_an_overflowing_micro_batch_leaves_no_statistics():
 def test_the_guard_finds_every_batch_norm_statistic_once():
     """Also mint's BatchNorm and MindSpore's InstanceNorm, which have no CPU kernel in MindSpore 2.10 (so only
     found here, not trained); not the normalisations without running statistics."""
-    net = nn.SequentialCell(nn.Dense(2, 2), nn.BatchNorm1d(2), nn.ReLU(), mint.nn.BatchNorm1d(2), nn.LayerNorm((2,)),
-                            nn.InstanceNorm2d(2), nn.GroupNorm(1, 2), mint.nn.GroupNorm(1, 2))
+    net = nn.SequentialCell(
+        nn.Dense(2, 2),
+        nn.BatchNorm1d(2),
+        nn.ReLU(),
+        mint.nn.BatchNorm1d(2),
+        nn.LayerNorm((2,)),
+        nn.InstanceNorm2d(2),
+        nn.GroupNorm(1, 2),
+        mint.nn.GroupNorm(1, 2),
+    )
     names = [p.name for p in RunningStatistics.of(net).statistics]
-    assert names == ["1.moving_mean", "1.moving_variance", "3.running_mean", "3.running_var",
-                     "3.num_batches_tracked", "5.moving_mean", "5.moving_variance"]
+    assert names == [
+        "1.moving_mean",
+        "1.moving_variance",
+        "3.running_mean",
+        "3.running_var",
+        "3.num_batches_tracked",
+        "5.moving_mean",
+        "5.moving_variance",
+    ]
     assert RunningStatistics.of(nn.SequentialCell(nn.Dense(2, 2), nn.LayerNorm((2,)))) is None
 
 
+@pytest.mark.slow
 def test_amp_o1_networks_built_one_after_another_each_keep_their_statistics(tmp_path, monkeypatch):
     """MindSpore's amp O1 rewrite makes BatchNorm1d a generated class that, from the second network built in a
     process on, is no longer a _BatchNorm: the guard finds the statistics by what the layer holds, so a skipped
@@ -135,8 +161,13 @@ def test_amp_o1_networks_built_one_after_another_each_keep_their_statistics(tmp_
     monkeypatch.chdir(tmp_path)  # where amp O1 writes the rewritten source
     for _ in range(3):
         net = BatchNormNet()
-        model = Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9), amp_level="O1",
-                      loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=True))
+        model = Model(
+            net,
+            nn.MSELoss(),
+            nn.Momentum(net.trainable_params(), 0.05, 0.9),
+            amp_level="O1",
+            loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=True),
+        )
         step = model.train_network
         step.set_train()
         assert [p.name for p in step.running_statistics.statistics] == ["norm.moving_mean", "norm.moving_variance"]
@@ -154,6 +185,7 @@ def test_the_guard_adds_no_parameter_and_renames_none():
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
+@pytest.mark.slow
 def test_the_grad_scaler_recipe_writes_the_statistics_back_as_the_train_cell(compiled):
     """The functional front-ends leave the forward pass to the caller (as PyTorch does); the documented recipe
     (docs/migration.md) saves the statistics before it and writes them back with the skip flag of ``step``:
@@ -173,7 +205,7 @@ def test_the_grad_scaler_recipe_writes_the_statistics_back_as_the_train_cell(com
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
 
     def train_step(x, y):
-        saved = statistics.save()                     # before the forward pass
+        saved = statistics.save()  # before the forward pass
         _, grads = grad_fn(x, y)
         skipped = scaler.step(optimizer, grads)
         statistics.restore_if(skipped, saved)

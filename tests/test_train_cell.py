@@ -1,9 +1,22 @@
 """TrainOneStepWithLossScaleCell on CPU: overflow decisions, skip semantics, unscaling, optimizer checks."""
+
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, load_checkpoint, load_param_into_net, mint, nn, save_checkpoint
 from mindspore.common import dtype as mstype
+from nets import (
+    Fp16Linear,
+    Fp16SquareLoss,
+    GradCapture,
+    LossPlusInput,
+    changed_since,
+    regression_batches,
+    regression_net,
+    snapshot,
+    training_state,
+    with_inf,
+)
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -15,8 +28,6 @@ from lossscale import (
     build_train_network,
 )
 from lossscale.core.policy import run
-from nets import (Fp16Linear, Fp16SquareLoss, GradCapture, LossPlusInput, changed_since, regression_batches,
-                  regression_net, snapshot, training_state, with_inf)
 
 
 def _tensors(batch):
@@ -49,8 +60,12 @@ def test_non_finite_loss_with_finite_gradients_is_an_overflow():
     before = training_state(step)
     assert bool(step(y, Tensor(np.float32(np.inf)))[1].asnumpy())
     assert changed_since(before, step) == []
-    assert step.overflow_counters() == {"steps": 1, "skipped_steps": 1, "consecutive_overflows": 1,
-                                        "last_overflow_step": 1}
+    assert step.overflow_counters() == {
+        "steps": 1,
+        "skipped_steps": 1,
+        "consecutive_overflows": 1,
+        "last_overflow_step": 1,
+    }
     assert not bool(step(y, Tensor(np.float32(1.0)))[1].asnumpy())
     assert not np.array_equal(before["w"], net.w.asnumpy())
 
@@ -74,20 +89,25 @@ def _control_and_scaled(optimizer_factory, scale_sense_factory, batches, inject_
     return control, scaled, flags
 
 
-@pytest.mark.parametrize("optimizer_factory", [
-    lambda net: nn.Adam(net.trainable_params(), learning_rate=0.01),
-    lambda net: nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9),
-    # MindSpore's PyTorch-style optimizers (not nn.Optimizer), which MindSpore's own train cells accept
-    lambda net: ms.experimental.optim.Adam(net.trainable_params(), lr=0.01),
-    lambda net: mint.optim.SGD(net.trainable_params(), lr=0.05, momentum=0.9),
-    # state unlike Adam's: the previous gradient's sign and per-element step sizes; an LR and an average that
-    # follow global_step (which a skipped step must not advance); accumulated squares; FTRL's linear term
-    lambda net: nn.Rprop(net.trainable_params(), learning_rate=0.01),
-    lambda net: nn.ASGD(net.trainable_params(), learning_rate=0.05, t0=2.0),
-    lambda net: nn.Adadelta(net.trainable_params(), learning_rate=1.0),
-    lambda net: nn.FTRL(net.trainable_params(), learning_rate=0.1),
-    lambda net: nn.RMSProp(net.trainable_params(), learning_rate=0.01, centered=True),
-], ids=["adam", "momentum", "experimental_adam", "mint_sgd", "rprop", "asgd", "adadelta", "ftrl", "rmsprop_centered"])
+@pytest.mark.parametrize(
+    "optimizer_factory",
+    [
+        lambda net: nn.Adam(net.trainable_params(), learning_rate=0.01),
+        lambda net: nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9),
+        # MindSpore's PyTorch-style optimizers (not nn.Optimizer), which MindSpore's own train cells accept
+        lambda net: ms.experimental.optim.Adam(net.trainable_params(), lr=0.01),
+        lambda net: mint.optim.SGD(net.trainable_params(), lr=0.05, momentum=0.9),
+        # state unlike Adam's: the previous gradient's sign and per-element step sizes; an LR and an average that
+        # follow global_step (which a skipped step must not advance); accumulated squares; FTRL's linear term
+        lambda net: nn.Rprop(net.trainable_params(), learning_rate=0.01),
+        lambda net: nn.ASGD(net.trainable_params(), learning_rate=0.05, t0=2.0),
+        lambda net: nn.Adadelta(net.trainable_params(), learning_rate=1.0),
+        lambda net: nn.FTRL(net.trainable_params(), learning_rate=0.1),
+        lambda net: nn.RMSProp(net.trainable_params(), learning_rate=0.01, centered=True),
+    ],
+    ids=["adam", "momentum", "experimental_adam", "mint_sgd", "rprop", "asgd", "adadelta", "ftrl", "rmsprop_centered"],
+)
+@pytest.mark.slow
 def test_differential_control_vs_scaled_with_injected_inf(optimizer_factory):
     manager = DynamicLossScaleManager(init_loss_scale=2**16, scale_factor=2, scale_window=3)
     batches = regression_batches(12)
@@ -125,8 +145,9 @@ def pynative_mode():
 def _train_with_injected_inf(batches, inject_at):
     net = regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
-    step = TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), learning_rate=0.01),
-                                         manager.get_update_cell(), clip_global_norm=1.0)
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.Adam(net.trainable_params(), learning_rate=0.01), manager.get_update_cell(), clip_global_norm=1.0
+    )
     flags, scales = [], []
     for index, (x, y) in enumerate(batches):
         if index == inject_at:
@@ -134,10 +155,16 @@ def _train_with_injected_inf(batches, inject_at):
         _, overflow, scale = step(Tensor(x), Tensor(y))
         flags.append(bool(overflow.asnumpy()))
         scales.append(float(scale.asnumpy()))
-    return {"flags": flags, "scales": scales, "counters": step.overflow_counters(), "state": snapshot(step),
-            "policy": manager.policy}
+    return {
+        "flags": flags,
+        "scales": scales,
+        "counters": step.overflow_counters(),
+        "state": snapshot(step),
+        "policy": manager.policy,
+    }
 
 
+@pytest.mark.slow
 def test_pynative_mode_gives_the_same_steps_as_graph_mode(pynative_mode):
     """MindSpore's default mode is PyNative: the cell runs eagerly there (one host sync per step at the `if`)."""
     batches = regression_batches(5)
@@ -165,6 +192,7 @@ def test_float16_gradients_unscale_exactly_at_scale_2_pow_25():
     assert np.float16(np.float32(1) / np.float32(2.0**25)) == 0
 
 
+@pytest.mark.slow
 def test_returns_loss_overflow_and_updated_scale():
     net = regression_net()
     manager = DynamicLossScaleManager(init_loss_scale=4.0, scale_window=1)
@@ -177,10 +205,18 @@ def test_returns_loss_overflow_and_updated_scale():
     assert float(loss.asnumpy()) == pytest.approx(control, rel=1e-6)
 
 
-OPTIONS_FIXED_WHEN_BUILT = {"drop_overflow_update": False, "optimizer_unscales": True, "overflow_check": "isfinite",
-                            "accumulation_steps": 4, "extra_outputs": True, "lr_per_micro_batch": True,
-                            "clip_global_norm": 1.0, "overflow_policy": "raise", "max_consecutive_overflows": 3,
-                            "debug_overflow": True}
+OPTIONS_FIXED_WHEN_BUILT = {
+    "drop_overflow_update": False,
+    "optimizer_unscales": True,
+    "overflow_check": "isfinite",
+    "accumulation_steps": 4,
+    "extra_outputs": True,
+    "lr_per_micro_batch": True,
+    "clip_global_norm": 1.0,
+    "overflow_policy": "raise",
+    "max_consecutive_overflows": 3,
+    "debug_overflow": True,
+}
 
 
 def test_the_options_are_fixed_when_the_cell_is_built():
@@ -190,8 +226,11 @@ def test_the_options_are_fixed_when_the_cell_is_built():
     step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), Tensor(np.float32(8.0)))
     built = {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT}
     for name, value in OPTIONS_FIXED_WHEN_BUILT.items():
-        with pytest.raises(AttributeError, match=f"TrainOneStepWithLossScaleCell.{name} cannot be assigned: the "
-                                                 f"compiled step keeps the value the cell was built with"):
+        with pytest.raises(
+            AttributeError,
+            match=f"TrainOneStepWithLossScaleCell.{name} cannot be assigned: the "
+            f"compiled step keeps the value the cell was built with",
+        ):
             setattr(step, name, value)
     assert {name: getattr(step, name) for name in OPTIONS_FIXED_WHEN_BUILT} == built
     assert len(step(*_tensors(regression_batches(1)[0]))) == 3 and int(step.steps.asnumpy()) == 1
@@ -204,16 +243,23 @@ def test_the_update_cell_can_be_assigned_again_but_not_replaced(scale_sense):
     or None where there is one, is an AttributeError that changes nothing (the core's scale and the compiled
     step are bound to the cell given when building); without one (a Tensor scale_sense), None is accepted."""
     net = regression_net()
-    held = (DynamicLossScaleManager(init_loss_scale=8.0, scale_window=1).get_update_cell()
-            if scale_sense == "update_cell" else None)
-    step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01),
-                                         held if held is not None else Tensor(np.float32(8.0)))
+    held = (
+        DynamicLossScaleManager(init_loss_scale=8.0, scale_window=1).get_update_cell()
+        if scale_sense == "update_cell"
+        else None
+    )
+    step = TrainOneStepWithLossScaleCell(
+        net, nn.SGD(net.trainable_params(), 0.01), held if held is not None else Tensor(np.float32(8.0))
+    )
     step.loss_scaling_manager = held
     assert step.loss_scaling_manager is held
     others = [FixedLossScaleManager(8.0).get_update_cell()] + ([None] if held is not None else [])
     for other in others:
-        with pytest.raises(AttributeError, match="TrainOneStepWithLossScaleCell.loss_scaling_manager cannot be "
-                                                 "replaced: this cell holds .*Assigning the same update cell again"):
+        with pytest.raises(
+            AttributeError,
+            match="TrainOneStepWithLossScaleCell.loss_scaling_manager cannot be "
+            "replaced: this cell holds .*Assigning the same update cell again",
+        ):
             step.loss_scaling_manager = other
     assert step.loss_scaling_manager is held and "loss_scaling_manager" not in step._cells
     step(*_tensors(regression_batches(1)[0]))
@@ -239,14 +285,17 @@ def test_tensor_scale_sense_and_set_sense_scale():
         step.set_sense_scale(2.0)
 
 
-@pytest.mark.parametrize("scale_sense, error, pattern", [
-    (Tensor(np.ones((2,), np.float32)), ValueError, r"shape \(\) or \(1,\)"),
-    (Tensor(np.float32(0.0)), ValueError, "finite float32 number > 0"),
-    (Tensor(np.float32(np.nan)), ValueError, "finite float32 number > 0"),
-    (Tensor(np.float32(1e-45)), ValueError, "reciprocal is finite"),
-    (3.0, TypeError, "'scale_sense'"),
-    (nn.ReLU(), TypeError, "get_loss_scale"),
-])
+@pytest.mark.parametrize(
+    "scale_sense, error, pattern",
+    [
+        (Tensor(np.ones((2,), np.float32)), ValueError, r"shape \(\) or \(1,\)"),
+        (Tensor(np.float32(0.0)), ValueError, "finite float32 number > 0"),
+        (Tensor(np.float32(np.nan)), ValueError, "finite float32 number > 0"),
+        (Tensor(np.float32(1e-45)), ValueError, "reciprocal is finite"),
+        (3.0, TypeError, "'scale_sense'"),
+        (nn.ReLU(), TypeError, "get_loss_scale"),
+    ],
+)
 def test_bad_scale_sense(scale_sense, error, pattern):
     net = regression_net()
     with pytest.raises(error, match=pattern):
@@ -255,8 +304,11 @@ def test_bad_scale_sense(scale_sense, error, pattern):
 
 def test_optimizer_must_hold_its_parameters_and_pytorch_style_ones_refuse_nn_optimizer_options():
     net = regression_net()
-    with pytest.raises(TypeError, match=r"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding "
-                                        r"its Parameters in 'parameters' .* but got ReLU\."):
+    with pytest.raises(
+        TypeError,
+        match=r"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding "
+        r"its Parameters in 'parameters' .* but got ReLU\.",
+    ):
         TrainOneStepWithLossScaleCell(net, nn.ReLU(), Tensor(1.0))
     # a Keras wrapper holds 'parameters' too, and with a fixed scale of 1 its 'loss_scale' passed the loss-scale check
     wrapper = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), dynamic=False, initial_scale=1.0)
@@ -264,9 +316,12 @@ def test_optimizer_must_hold_its_parameters_and_pytorch_style_ones_refuse_nn_opt
         TrainOneStepWithLossScaleCell(net, wrapper, Tensor(1.0))
     adam = ms.experimental.optim.Adam(net.trainable_params(), lr=0.01)
     for option in ("extra_outputs", "lr_per_micro_batch"):
-        with pytest.raises(ValueError, match=rf"'{option}' needs a mindspore.nn.Optimizer \(its get_lr\(\) and "
-                                             r"global_step\), but the optimizer is "
-                                             r"mindspore\.experimental\.optim\.adam\.Adam, "):
+        with pytest.raises(
+            ValueError,
+            match=rf"'{option}' needs a mindspore.nn.Optimizer \(its get_lr\(\) and "
+            r"global_step\), but the optimizer is "
+            r"mindspore\.experimental\.optim\.adam\.Adam, ",
+        ):
             TrainOneStepWithLossScaleCell(net, adam, Tensor(1.0), **{option: True})
 
 
@@ -289,14 +344,25 @@ class _WithEmbedding(nn.Cell):
 
 
 def _amp_o1_model(net):
-    return Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), amp_level="O1",
-                 loss_scale_manager=DynamicLossScaleManager())
+    return Model(
+        net,
+        nn.MSELoss(),
+        nn.SGD(net.trainable_params(), 0.1),
+        amp_level="O1",
+        loss_scale_manager=DynamicLossScaleManager(),
+    )
 
 
-@pytest.mark.parametrize("build, name", [
-    (lambda net: TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0)), "lookup"),
-    # MindSpore's amp O1 rewrite makes the lookup a generated class, from the second network on no EmbeddingLookup
-    (_amp_o1_model, "_backbone.lookup"), (_amp_o1_model, "_backbone.lookup")], ids=["train cell", "O1", "O1 again"])
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda net: TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), Tensor(1.0)), "lookup"),
+        # MindSpore's amp O1 rewrite makes the lookup a generated class, from the second network on no EmbeddingLookup
+        (_amp_o1_model, "_backbone.lookup"),
+        (_amp_o1_model, "_backbone.lookup"),
+    ],
+    ids=["train cell", "O1", "O1 again"],
+)
 def test_sparse_gradient_network_is_refused_on_cpu(build, name, tmp_path, monkeypatch):
     """MindSpore 2.10 segfaults on CPU when RowTensor gradients meet the loss-scale state updates."""
     monkeypatch.chdir(tmp_path)  # where amp O1 writes the rewritten source
@@ -309,11 +375,18 @@ def test_the_same_python_float_given_to_the_manager_and_the_optimizer_is_accepte
     """MindSpore's FixedLossScaleManager(S, False) recipe with a scale float32 cannot hold exactly: the manager and
     the optimizer hold the same float32 value, so the optimizer divides by the scale the train cell applies."""
     net = regression_net()
-    step = build_train_network(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
-                               loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False))
+    step = build_train_network(
+        net,
+        nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
+        loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False),
+    )
     assert step.optimizer_unscales and step.get_loss_scale() == float(np.float32(scale))
-    cell = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
-                                         Tensor(scale, mstype.float32), drop_overflow_update=False)
+    cell = TrainOneStepWithLossScaleCell(
+        net,
+        nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=scale),
+        Tensor(scale, mstype.float32),
+        drop_overflow_update=False,
+    )
     assert cell.optimizer_unscales
 
 
@@ -321,19 +394,24 @@ def test_optimizer_loss_scale_that_disagrees_is_rejected():
     net = regression_net()
     dynamic = DynamicLossScaleManager(init_loss_scale=1024)
     with pytest.raises(ValueError, match=r"'optimizer.loss_scale' is 1024.0 but the loss scale is dynamic"):
-        TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=1024.0),
-                                      dynamic.get_update_cell())
+        TrainOneStepWithLossScaleCell(
+            net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=1024.0), dynamic.get_update_cell()
+        )
     with pytest.raises(ValueError, match=r"'optimizer.loss_scale' is 512.0 but the loss scale is 1024.0"):
-        build_train_network(net, nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=512.0),
-                            loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=False))
+        build_train_network(
+            net,
+            nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=512.0),
+            loss_scale_manager=FixedLossScaleManager(1024.0, drop_overflow_update=False),
+        )
 
 
 def test_a_scale_the_optimizer_divides_by_loads_its_own_state_and_refuses_another():
     """With the optimizer's loss_scale equal to a fixed Tensor scale, the scale is a graph constant: a state holding
     that scale loads (a round trip works), another is refused and changes nothing."""
     net = regression_net()
-    cell = TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=1024.0),
-                                         Tensor(np.float32(1024.0)))
+    cell = TrainOneStepWithLossScaleCell(
+        net, nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=1024.0), Tensor(np.float32(1024.0))
+    )
     state = cell.state_dict()
     cell.load_state_dict(state)
     with pytest.raises(ValueError, match=r"must equal the fixed loss scale 1024.0, but got 512.0"):
@@ -341,15 +419,23 @@ def test_a_scale_the_optimizer_divides_by_loads_its_own_state_and_refuses_anothe
     assert cell.state_dict() == state
 
 
-@pytest.mark.parametrize("optimizer_factory, optimizer_unscales", [
-    (lambda net, s: nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.01), False),
-    (lambda net, s: nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=s), True),
-], ids=["adamweightdecay_without_loss_scale", "momentum_with_loss_scale"])
+@pytest.mark.parametrize(
+    "optimizer_factory, optimizer_unscales",
+    [
+        (lambda net, s: nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.01), False),
+        (lambda net, s: nn.Momentum(net.trainable_params(), 0.05, 0.9, loss_scale=s), True),
+    ],
+    ids=["adamweightdecay_without_loss_scale", "momentum_with_loss_scale"],
+)
+@pytest.mark.slow
 def test_fixed_scale_without_dropping_trains_like_the_control(optimizer_factory, optimizer_unscales):
     scale = 1024.0
     scaled_net, control_net = regression_net(), regression_net()
-    scaled = build_train_network(scaled_net, optimizer_factory(scaled_net, scale),
-                                 loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False))
+    scaled = build_train_network(
+        scaled_net,
+        optimizer_factory(scaled_net, scale),
+        loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False),
+    )
     control = nn.TrainOneStepCell(control_net, optimizer_factory(control_net, 1.0))
     assert scaled.optimizer_unscales is optimizer_unscales
     for batch in regression_batches(8):
@@ -386,6 +472,7 @@ def _fresh_step(hysteresis=2):
     return step, manager
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     batches = regression_batches(14)
     inject = {2, 3, 9}
@@ -404,8 +491,11 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     assert resumed_manager.state_dict() == saved_state
     flags_so_far = [i in inject for i in range(7)]
     expected_state = run(first_manager.policy, flags_so_far)[-1]
-    assert saved_state == {"loss_scale": expected_state.scale, "good_steps": expected_state.good_steps,
-                           "hysteresis_left": expected_state.hysteresis_left}
+    assert saved_state == {
+        "loss_scale": expected_state.scale,
+        "good_steps": expected_state.good_steps,
+        "hysteresis_left": expected_state.hysteresis_left,
+    }
     _train_with_overflows(resumed, batches[7:], {i - 7 for i in inject if i >= 7})
     expected, got = snapshot(uninterrupted), snapshot(resumed)
     assert expected.keys() == got.keys()
@@ -413,14 +503,16 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_train_cell_whose_update_cell_another_adopted_is_refused():
     """Two train cells sharing one update cell shared its counters: the second's scale grew on the first's clean
     steps and the first's never grew (a GAN built with one update cell). The cell that lost its update cell is
     refused at its next call, unchanged; the one that adopted it trains on from its state (re-wrapping)."""
     update_cell = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2).get_update_cell()
     nets = [regression_net(seed=s) for s in range(2)]
-    first, second = (TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), update_cell)
-                     for net in nets)
+    first, second = (
+        TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.01), update_cell) for net in nets
+    )
     x, y = (Tensor(a) for a in regression_batches(1)[0])
     before = training_state(first)
     with pytest.raises(RuntimeError, match="adopted by another train cell"):

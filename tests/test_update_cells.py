@@ -1,4 +1,5 @@
 """Graph update cells against the pure policy, and against MindSpore's own cell."""
+
 from dataclasses import replace
 
 import numpy as np
@@ -17,14 +18,16 @@ from lossscale.core.policy import LossScalePolicy, LossScaleState, initial_state
 FIXED_POLICIES = {
     "mindspore_like": dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=3),
     "hysteresis": dict(loss_scale_value=2.0**20, scale_factor=2, scale_window=4, hysteresis=3),
-    "consecutive": dict(loss_scale_value=2.0**8, scale_factor=4, scale_window=2, hysteresis=2,
-                        consecutive_hysteresis=True),
+    "consecutive": dict(
+        loss_scale_value=2.0**8, scale_factor=4, scale_window=2, hysteresis=2, consecutive_hysteresis=True
+    ),
     "bounded": dict(loss_scale_value=64.0, scale_factor=2, scale_window=1, min_loss_scale=8.0, max_loss_scale=512.0),
     "near_float32_max": dict(loss_scale_value=2.0**125, scale_factor=2, scale_window=1),
     # the first backoff lands exactly on the smallest normal float32 (2**-126), which stays; the next one is below it
     # and gives 0 (no subnormal scales), and 0 stays
-    "no_floor": dict(loss_scale_value=2.0**-124, scale_factor=2, scale_window=5, min_loss_scale=0.0,
-                     backoff_factor=0.25),
+    "no_floor": dict(
+        loss_scale_value=2.0**-124, scale_factor=2, scale_window=5, min_loss_scale=0.0, backoff_factor=0.25
+    ),
 }
 _SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -41,7 +44,7 @@ def _assert_cell_follows_policy(driver, flags):
     for step, (flag, state) in enumerate(zip(flags, expected)):
         returned = driver(Tensor(flag))
         assert bool(returned.asnumpy()) == flag
-        assert cell.get_state() == state, f"step {step}: flags {flags[:step + 1]}"
+        assert cell.get_state() == state, f"step {step}: flags {flags[: step + 1]}"
 
 
 @pytest.mark.parametrize("name", sorted(FIXED_POLICIES))
@@ -79,8 +82,14 @@ def test_random_policy_graph_equals_policy(scale_exp, factor, window, hysteresis
     """Random rules, applied by one compiled cell per hysteresis mode whose rule is held in Parameters
     (GradScaler's mode): ``set_policy`` reaches the compiled graph, so every example reuses it."""
     min_scale = 1.0 if min_exp is None else 2.0**min_exp
-    policy = DynamicLossScaleUpdateCell(max(2.0**scale_exp, min_scale), factor, window, hysteresis=hysteresis,
-                                        consecutive_hysteresis=consecutive, min_loss_scale=min_scale).policy
+    policy = DynamicLossScaleUpdateCell(
+        max(2.0**scale_exp, min_scale),
+        factor,
+        window,
+        hysteresis=hysteresis,
+        consecutive_hysteresis=consecutive,
+        min_loss_scale=min_scale,
+    ).policy
     driver = _switchable_driver(consecutive)
     cell = driver.update_cell
     cell.set_policy(policy, initial_state(policy))
@@ -97,13 +106,21 @@ def _mindspore_trajectory(kwargs, flags):
     return UpdateCellDriver(reference, bind=False).run(flags)
 
 
-@pytest.mark.parametrize("kwargs, flags", [
-    (dict(loss_scale_value=2**24, scale_factor=2, scale_window=2000),
-     [bool(x) for x in np.random.RandomState(1).rand(4500) < 0.0004]),
-    (dict(loss_scale_value=2**12, scale_factor=2, scale_window=5),
-     [bool(x) for x in np.random.RandomState(2).rand(400) < 0.15]),
-    (dict(loss_scale_value=8, scale_factor=2, scale_window=1), [True] * 5 + [False] * 5 + [True, False] * 10),
-])
+@pytest.mark.parametrize(
+    "kwargs, flags",
+    [
+        (
+            dict(loss_scale_value=2**24, scale_factor=2, scale_window=2000),
+            [bool(x) for x in np.random.RandomState(1).rand(4500) < 0.0004],
+        ),
+        (
+            dict(loss_scale_value=2**12, scale_factor=2, scale_window=5),
+            [bool(x) for x in np.random.RandomState(2).rand(400) < 0.15],
+        ),
+        (dict(loss_scale_value=8, scale_factor=2, scale_window=1), [True] * 5 + [False] * 5 + [True, False] * 10),
+    ],
+)
+@pytest.mark.slow
 def test_equals_mindspore_cell_on_ordinary_sequences(kwargs, flags):
     ours = UpdateCellDriver(DynamicLossScaleUpdateCell(**kwargs)).run(flags)
     assert ours == _mindspore_trajectory(kwargs, flags)
@@ -176,15 +193,18 @@ def test_fixed_cell_passes_the_flag_and_keeps_the_scale():
         driver.update_cell.load_state_dict({"loss_scale": 64.0})
 
 
-@pytest.mark.parametrize("kwargs, error, argument", [
-    (dict(loss_scale_value=2.0**10, scale_factor=0.5, scale_window=10), ValueError, "'scale_factor'.*0.5"),
-    (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=0), ValueError, "'scale_window'.*0"),
-    (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=3.0), TypeError, "'scale_window'.*3.0"),
-    (dict(loss_scale_value=float("inf"), scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*inf"),
-    (dict(loss_scale_value=0.5, scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*0.5"),
-    (dict(loss_scale_value=8, scale_factor=2, scale_window=1, max_loss_scale=4), ValueError, "'loss_scale_value'"),
-    (dict(loss_scale_value=8, scale_factor=2, scale_window=1, min_loss_scale=-2), ValueError, "'min_loss_scale'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, argument",
+    [
+        (dict(loss_scale_value=2.0**10, scale_factor=0.5, scale_window=10), ValueError, "'scale_factor'.*0.5"),
+        (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=0), ValueError, "'scale_window'.*0"),
+        (dict(loss_scale_value=2.0**10, scale_factor=2, scale_window=3.0), TypeError, "'scale_window'.*3.0"),
+        (dict(loss_scale_value=float("inf"), scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*inf"),
+        (dict(loss_scale_value=0.5, scale_factor=2, scale_window=1), ValueError, "'loss_scale_value'.*0.5"),
+        (dict(loss_scale_value=8, scale_factor=2, scale_window=1, max_loss_scale=4), ValueError, "'loss_scale_value'"),
+        (dict(loss_scale_value=8, scale_factor=2, scale_window=1, min_loss_scale=-2), ValueError, "'min_loss_scale'"),
+    ],
+)
 def test_dynamic_cell_rejects_bad_arguments(kwargs, error, argument):
     with pytest.raises(error, match=argument):
         DynamicLossScaleUpdateCell(**kwargs)
@@ -316,8 +336,11 @@ INEXACT = 1000.1
 INEXACT_FLOAT32 = float(np.float32(INEXACT))
 
 
-@pytest.mark.parametrize("make", [lambda: FixedLossScaleUpdateCell(INEXACT),
-                                  lambda: DynamicLossScaleUpdateCell(INEXACT, 2, 10)], ids=["fixed", "dynamic"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: FixedLossScaleUpdateCell(INEXACT), lambda: DynamicLossScaleUpdateCell(INEXACT, 2, 10)],
+    ids=["fixed", "dynamic"],
+)
 def test_a_scale_float32_cannot_hold_reads_the_same_before_and_after_a_train_cell_adopts_the_cell(make):
     cell = make()
     assert INEXACT_FLOAT32 != INEXACT and cell.get_loss_scale() == INEXACT_FLOAT32
@@ -347,8 +370,11 @@ def test_the_rule_cannot_be_assigned_only_set():
     """`cell.policy = p` was accepted: the host then reported the new rule while a compiled step kept the old one.
     Assigning it is refused, naming set_policy(); set_policy() changes both (after hold_rule_in_parameters())."""
     cell = DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)
-    with pytest.raises(AttributeError, match=r"DynamicLossScaleUpdateCell.policy cannot be assigned: .* "
-                                             r"set_policy\(policy\)"):
+    with pytest.raises(
+        AttributeError,
+        match=r"DynamicLossScaleUpdateCell.policy cannot be assigned: .* "
+        r"set_policy\(policy\)",
+    ):
         cell.policy = LossScalePolicy(init_scale=8.0)
     assert cell.policy.growth_interval == 1000
     cell.hold_rule_in_parameters()
@@ -356,14 +382,19 @@ def test_the_rule_cannot_be_assigned_only_set():
     assert cell.policy.growth_interval == 5 and cell.scale_window == 5
 
 
-@pytest.mark.parametrize("make", [lambda: FixedLossScaleUpdateCell(1024.0),
-                                  lambda: DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)], ids=["fixed", "dynamic"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: FixedLossScaleUpdateCell(1024.0), lambda: DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)],
+    ids=["fixed", "dynamic"],
+)
 def test_the_initial_scale_cannot_be_assigned(make):
     """MindSpore's get_loss_scale() returns loss_scale_value, so there `cell.loss_scale_value = 2048.0` makes a train
     cell built afterwards start at 2048. Ours was accepted and read back while the train cell started at 1024."""
     cell = make()
-    with pytest.raises(AttributeError, match=f"{type(cell).__name__}.loss_scale_value cannot be assigned: it is the "
-                                             f"initial scale as given"):
+    with pytest.raises(
+        AttributeError,
+        match=f"{type(cell).__name__}.loss_scale_value cannot be assigned: it is the initial scale as given",
+    ):
         cell.loss_scale_value = 2048.0
     net = nn.Dense(2, 1)
     step = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), cell)

@@ -1,4 +1,5 @@
 """Unique Parameter-name prefixes for front-end instances (MindSpore needs unique names in one graph)."""
+
 import itertools
 import weakref
 
@@ -28,8 +29,10 @@ def claim_name(name, owner, default):
         name = free_name(default)
     check_name(name)
     if _OWNERS.get(name, owner) is not owner:
-        raise ValueError(f"'name' {name!r} is already used by another {type(_OWNERS[name]).__name__}; its Parameters "
-                         f"would collide in a graph. Choose another name, or leave it None for a unique one.")
+        raise ValueError(
+            f"'name' {name!r} is already used by another {type(_OWNERS[name]).__name__}; its Parameters "
+            f"would collide in a graph. Choose another name, or leave it None for a unique one."
+        )
     _OWNERS[name] = owner
     return name
 
@@ -41,5 +44,8 @@ def free_name(name):
         >>> free_name("doc_unused")
         'doc_unused'
     """
-    return next(candidate for candidate in itertools.chain([name], (f"{name}_{n}" for n in itertools.count(1)))
-                if candidate not in _OWNERS)
+    return next(
+        candidate
+        for candidate in itertools.chain([name], (f"{name}_{n}" for n in itertools.count(1)))
+        if candidate not in _OWNERS
+    )

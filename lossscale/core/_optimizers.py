@@ -1,5 +1,6 @@
 """What kind of optimizer a front-end or train cell was given, told by what it holds (no import of the layer
 that defines it)."""
+
 from mindspore import Parameter, nn
 
 
@@ -8,12 +9,16 @@ def is_parameter_optimizer(optimizer):
     (``mindspore.experimental.optim`` and ``mint.optim`` optimizers, which are not ``nn.Optimizer``s).
 
     Example:
-        >>> is_parameter_optimizer(nn.SGD(nn.Dense(2, 1).trainable_params(), 0.1)), is_parameter_optimizer(nn.Dense(2, 1))
+        >>> sgd = nn.SGD(nn.Dense(2, 1).trainable_params(), 0.1)
+        >>> is_parameter_optimizer(sgd), is_parameter_optimizer(nn.Dense(2, 1))
         (True, False)
     """
     parameters = getattr(optimizer, "parameters", None)
-    return (isinstance(optimizer, nn.Cell) and isinstance(parameters, (tuple, list))
-            and all(isinstance(parameter, Parameter) for parameter in parameters))
+    return (
+        isinstance(optimizer, nn.Cell)
+        and isinstance(parameters, (tuple, list))
+        and all(isinstance(parameter, Parameter) for parameter in parameters)
+    )
 
 
 def is_loss_scale_optimizer(optimizer):

@@ -6,6 +6,7 @@ function keeps the old one: later calls ignore the write and the host no longer 
 updates (measured on CPU; a Cell called directly rebinds and is not affected). ``ops.assign``
 writes in place, so every host-side write of lossscale's state goes through :func:`write_parameter`.
 """
+
 import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops import functional as F

@@ -1,4 +1,5 @@
 """Numbers as the command line and the monitor print them (no MindSpore import)."""
+
 import math
 
 

@@ -3,6 +3,7 @@
 Every error names the argument, the value received and the allowed range, so a
 user can fix the call without reading the source.
 """
+
 import math
 import numbers
 
@@ -78,8 +79,10 @@ def positive_float32(name, value):
         scale = np.float32(value)
         reciprocal = np.float32(1.0) / scale
     if not (np.isfinite(scale) and scale > 0 and np.isfinite(reciprocal)):
-        raise ValueError(f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
-                         f"(about [2.9e-39, 3.4e38]), but got {value!r}.")
+        raise ValueError(
+            f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
+            f"(about [2.9e-39, 3.4e38]), but got {value!r}."
+        )
     return scale
 
 
@@ -99,6 +102,7 @@ def read_only(name, advice, getter=None):
         Traceback (most recent call last):
         AttributeError: Rule.window cannot be assigned: build a new Rule.
     """
+
     def get(self):
         return getattr(self, f"_{name}") if getter is None else getter(self)
 

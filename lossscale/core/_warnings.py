@@ -1,4 +1,5 @@
 """Warnings about the user's code, attributed to the user's line."""
+
 import sys
 import warnings
 

@@ -13,6 +13,7 @@ Example:
     >>> [round(float(v), 3) for v in clipped[0].asnumpy()], float(bad), float(norm)
     ([0.6, 0.8], 0.0, 5.0)
 """
+
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 

@@ -19,6 +19,7 @@ are in docs/performance.md.
 
 oneDNN reads the variable once, at its first kernel: it must be set before the process's first CPU operation.
 """
+
 import functools
 import os
 

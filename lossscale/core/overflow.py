@@ -50,13 +50,14 @@ Example:
     >>> type(make_overflow_check("isfinite")).__name__
     'IsFiniteCheck'
 """
+
 import os
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
-from mindspore.ops import functional as F
 from mindspore.common import dtype as mstype
 from mindspore.common.sparse_tensor import RowTensorInner
+from mindspore.ops import functional as F
 
 from lossscale.core._validation import check_bool
 from lossscale.core.compat import all_finite_primitive, ascend_saturation_only, ascend_status_primitives
@@ -90,8 +91,10 @@ def choose_overflow_check(device_target, ascend_mode=None, ascend_saturation_onl
         raise ValueError(f"'device_target' must be one of {DEVICE_TARGETS}, but got {device_target!r}.")
     check_bool("ascend_saturation_only", ascend_saturation_only)
     if ascend_mode is not None and ascend_mode not in ASCEND_MODES:
-        raise ValueError(f"'ascend_mode' (MS_ASCEND_CHECK_OVERFLOW_MODE) must be one of {ASCEND_MODES} "
-                         f"or unset, but got {ascend_mode!r}.")
+        raise ValueError(
+            f"'ascend_mode' (MS_ASCEND_CHECK_OVERFLOW_MODE) must be one of {ASCEND_MODES} "
+            f"or unset, but got {ascend_mode!r}."
+        )
     if device_target == "CPU":
         return ISFINITE
     if device_target == "GPU":
@@ -110,8 +113,9 @@ def current_overflow_check(context=None):
     """
     device_target = ms.get_context("device_target")
     saturation_only = device_target == "Ascend" and ascend_saturation_only(context)
-    return choose_overflow_check(device_target, os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") or None,
-                                 saturation_only)
+    return choose_overflow_check(
+        device_target, os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") or None, saturation_only
+    )
 
 
 # ---- exact graph pieces -------------------------------------------------------------------------
@@ -559,8 +563,12 @@ class AllFiniteCheck(nn.Cell):
         return ops.cast(self.all_finite(compute_output), mstype.float32).reshape(())
 
 
-CHECK_CLASSES = {ISFINITE: IsFiniteCheck, FLOAT_STATUS: FloatStatusCheck,
-                 ASCEND_SATURATION: AscendSaturationCheck, ASCEND_ALLFINITE: AllFiniteCheck}
+CHECK_CLASSES = {
+    ISFINITE: IsFiniteCheck,
+    FLOAT_STATUS: FloatStatusCheck,
+    ASCEND_SATURATION: AscendSaturationCheck,
+    ASCEND_ALLFINITE: AllFiniteCheck,
+}
 
 
 def make_overflow_check(check=None):
@@ -574,10 +582,11 @@ def make_overflow_check(check=None):
         check = current_overflow_check()
     if isinstance(check, str):
         if check not in CHECK_CLASSES:
-            raise ValueError(f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check object, "
-                             f"but got {check!r}.")
+            raise ValueError(f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check object, but got {check!r}.")
         return CHECK_CLASSES[check]()
     if not (isinstance(check, nn.Cell) and hasattr(check, "start") and hasattr(check, "flag")):
-        raise TypeError(f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check Cell with start() and "
-                        f"flag() methods, but got {type(check).__name__}.")
+        raise TypeError(
+            f"'overflow_check' must be one of {OVERFLOW_CHECKS} or a check Cell with start() and "
+            f"flag() methods, but got {type(check).__name__}."
+        )
     return check

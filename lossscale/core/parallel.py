@@ -3,6 +3,7 @@
 Under data or hybrid parallel the gradients are reduced over the ranks (:func:`gradient_reducer`), and in
 every parallel mode each overflow decision is all-reduced (:class:`lossscale.core.scaler.LossScaler`).
 """
+
 from mindspore import context, nn
 from mindspore.context import ParallelMode
 from mindspore.ops import constexpr
@@ -34,11 +35,13 @@ def refuse_parallel_mode_set_after_build(built_distributed):
         True
     """
     if not built_distributed and is_parallel():
-        raise RuntimeError(f"lossscale's loss scaling (a train cell, GradScaler or LossScaleOptimizer) was built in "
-                           f"stand-alone mode but is compiled with parallel_mode={parallel_mode()!r}: each rank "
-                           f"would decide its overflow alone, and a train cell or LossScaleOptimizer.minimize would "
-                           f"not reduce the gradients either, so the ranks' weights would diverge. Build it (and "
-                           f"Model) after mindspore.set_auto_parallel_context(parallel_mode=...).")
+        raise RuntimeError(
+            f"lossscale's loss scaling (a train cell, GradScaler or LossScaleOptimizer) was built in "
+            f"stand-alone mode but is compiled with parallel_mode={parallel_mode()!r}: each rank "
+            f"would decide its overflow alone, and a train cell or LossScaleOptimizer.minimize would "
+            f"not reduce the gradients either, so the ranks' weights would diverge. Build it (and "
+            f"Model) after mindspore.set_auto_parallel_context(parallel_mode=...)."
+        )
     return True
 
 

@@ -35,6 +35,7 @@ Example:
     >>> [s.scale for s in run(policy, [False, False, True, True, False])]
     [8.0, 16.0, 8.0, 4.0, 4.0]
 """
+
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Iterable, List, Optional
@@ -110,8 +111,9 @@ class LossScalePolicy:
         backoff = self.backoff_factor
         if backoff is None:
             backoff = float(_F32(1.0) / _F32(growth))
-        backoff = check_finite_in_range("backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False,
-                                        high_inclusive=False)
+        backoff = check_finite_in_range(
+            "backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False
+        )
         _refuse_float32_degenerate("backoff_factor", backoff, not 0.0 < _f32(backoff) < 1.0, "rounds to 0.0 or 1.0")
         set_field("backoff_factor", backoff)
         set_field("growth_interval", check_int_in_range("growth_interval", self.growth_interval, low=1))
@@ -169,8 +171,12 @@ class LossScaleState:
     hysteresis_left: int = 1
 
 
-_MINDSPORE_NAMES = {"growth_factor": "scale_factor", "growth_interval": "scale_window",
-                    "min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
+_MINDSPORE_NAMES = {
+    "growth_factor": "scale_factor",
+    "growth_interval": "scale_window",
+    "min_scale": "min_loss_scale",
+    "max_scale": "max_loss_scale",
+}
 
 
 def build_policy(names, **fields):
@@ -205,14 +211,18 @@ def policy_from_mindspore_arguments(init_name, init_scale, scale_factor, scale_w
         >>> policy_from_mindspore_arguments("init_loss_scale", 1024, 2, 100, min_loss_scale=4.0).min_scale
         4.0
     """
-    return build_policy(dict(_MINDSPORE_NAMES, init_scale=init_name), init_scale=init_scale,
-                        growth_factor=scale_factor, growth_interval=scale_window,
-                        backoff_factor=extensions.get("backoff_factor"),
-                        hysteresis=extensions.get("hysteresis", 1),
-                        consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
-                        refill_hysteresis_on_backoff=extensions.get("refill_hysteresis_on_backoff", False),
-                        min_scale=extensions.get("min_loss_scale", 1.0),
-                        max_scale=extensions.get("max_loss_scale"))
+    return build_policy(
+        dict(_MINDSPORE_NAMES, init_scale=init_name),
+        init_scale=init_scale,
+        growth_factor=scale_factor,
+        growth_interval=scale_window,
+        backoff_factor=extensions.get("backoff_factor"),
+        hysteresis=extensions.get("hysteresis", 1),
+        consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
+        refill_hysteresis_on_backoff=extensions.get("refill_hysteresis_on_backoff", False),
+        min_scale=extensions.get("min_loss_scale", 1.0),
+        max_scale=extensions.get("max_loss_scale"),
+    )
 
 
 def policy_extensions(policy):
@@ -223,14 +233,19 @@ def policy_extensions(policy):
         >>> policy_extensions(LossScalePolicy(hysteresis=2))["hysteresis"]
         2
     """
-    return {"backoff_factor": policy.backoff_factor, "hysteresis": policy.hysteresis,
-            "consecutive_hysteresis": policy.consecutive_hysteresis,
-            "refill_hysteresis_on_backoff": policy.refill_hysteresis_on_backoff,
-            "min_loss_scale": policy.min_scale, "max_loss_scale": policy.max_scale}
+    return {
+        "backoff_factor": policy.backoff_factor,
+        "hysteresis": policy.hysteresis,
+        "consecutive_hysteresis": policy.consecutive_hysteresis,
+        "refill_hysteresis_on_backoff": policy.refill_hysteresis_on_backoff,
+        "min_loss_scale": policy.min_scale,
+        "max_loss_scale": policy.max_scale,
+    }
 
 
-def check_state(policy: LossScalePolicy, state: LossScaleState, names=("state.scale", "state.good_steps",
-                                                                       "state.hysteresis_left")) -> LossScaleState:
+def check_state(
+    policy: LossScalePolicy, state: LossScaleState, names=("state.scale", "state.good_steps", "state.hysteresis_left")
+) -> LossScaleState:
     """Return ``state`` if it is reachable under ``policy``; raise ``ValueError`` naming the bad field
     (as ``names`` spells the three fields).
 
@@ -241,8 +256,9 @@ def check_state(policy: LossScalePolicy, state: LossScaleState, names=("state.sc
     if not isinstance(policy, LossScalePolicy):
         raise TypeError(f"'policy' must be a LossScalePolicy, but got {type(policy).__name__}.")
     if not isinstance(state, LossScaleState):
-        raise TypeError(f"'state' must be a LossScaleState (state_from_dict reads a state dict), but got "
-                        f"{type(state).__name__}.")
+        raise TypeError(
+            f"'state' must be a LossScaleState (state_from_dict reads a state dict), but got {type(state).__name__}."
+        )
     check_finite_in_range(names[0], state.scale, low=policy.floor, high=policy.ceiling)
     check_int_in_range(names[1], state.good_steps, low=0, high=policy.growth_interval - 1)
     check_int_in_range(names[2], state.hysteresis_left, low=1, high=policy.hysteresis)
@@ -286,8 +302,9 @@ def state_from_dict(policy: LossScalePolicy, state_dict, owner="state_dict") -> 
     if not isinstance(values["good_steps"], int) or not isinstance(values["hysteresis_left"], int):
         bad = "good_steps" if not isinstance(values["good_steps"], int) else "hysteresis_left"
         raise TypeError(f"'{owner}[{bad!r}]' must be an int, but got {values[bad]!r}.")
-    state = LossScaleState(scale=float(values["loss_scale"]), good_steps=values["good_steps"],
-                           hysteresis_left=values["hysteresis_left"])
+    state = LossScaleState(
+        scale=float(values["loss_scale"]), good_steps=values["good_steps"], hysteresis_left=values["hysteresis_left"]
+    )
     return check_state(policy, state, names)
 
 
@@ -298,8 +315,10 @@ def state_dict_values(state_dict, keys, owner="state_dict"):
         raise TypeError(f"'{owner}' must be a dict, but got {type(state_dict).__name__}.")
     missing = [key for key in keys if key not in state_dict]
     if missing:
-        raise ValueError(f"'{owner}' is missing {missing}; a saved state has the keys {list(keys)}, but got "
-                         f"{sorted(map(str, state_dict))}.")
+        raise ValueError(
+            f"'{owner}' is missing {missing}; a saved state has the keys {list(keys)}, but got "
+            f"{sorted(map(str, state_dict))}."
+        )
     return {key: state_value(f"{owner}[{key!r}]", state_dict[key]) for key in keys}
 
 
@@ -352,8 +371,7 @@ def update(policy: LossScalePolicy, state: LossScaleState, overflow: bool) -> Lo
     good_steps = state.good_steps + 1
     hysteresis_left = policy.hysteresis if policy.consecutive_hysteresis else state.hysteresis_left
     if good_steps >= policy.growth_interval:
-        return LossScaleState(scale=grown_scale(policy, state.scale), good_steps=0,
-                              hysteresis_left=policy.hysteresis)
+        return LossScaleState(scale=grown_scale(policy, state.scale), good_steps=0, hysteresis_left=policy.hysteresis)
     return replace(state, good_steps=good_steps, hysteresis_left=hysteresis_left)
 
 
@@ -365,8 +383,9 @@ def _check_update_arguments(policy, state, overflow):
     check_state(policy, state)
 
 
-def run(policy: LossScalePolicy, overflows: Iterable[bool],
-        state: Optional[LossScaleState] = None) -> List[LossScaleState]:
+def run(
+    policy: LossScalePolicy, overflows: Iterable[bool], state: Optional[LossScaleState] = None
+) -> List[LossScaleState]:
     """Apply :func:`update` for each overflow flag; return the state after every step.
 
     Example:

@@ -21,6 +21,7 @@ Example:
     >>> get_preset("paddle", init_scale=1024.0).hysteresis
     2
 """
+
 from dataclasses import replace
 
 from lossscale.core.policy import LossScalePolicy
@@ -29,16 +30,30 @@ _PRESETS = {
     # MindSpore DynamicLossScaleManager / DynamicLossScaleUpdateCell: floor at 1.
     "mindspore": dict(init_scale=2.0**24, growth_factor=2.0, growth_interval=2000, min_scale=1.0),
     # torch.amp.GradScaler (_amp_update_scale_): no floor, never grows to a non-finite scale.
-    "pytorch": dict(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                    min_scale=0.0),
+    "pytorch": dict(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=0.0),
     # paddle.amp.GradScaler in dygraph: decr_every_n_nan_or_inf consecutive bad steps (a clean step
     # resets the count, a backoff restarts it), no floor.
-    "paddle": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000, hysteresis=2,
-                   consecutive_hysteresis=True, refill_hysteresis_on_backoff=True, min_scale=0.0),
+    "paddle": dict(
+        init_scale=2.0**15,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=1000,
+        hysteresis=2,
+        consecutive_hysteresis=True,
+        refill_hysteresis_on_backoff=True,
+        min_scale=0.0,
+    ),
     # Paddle's static-graph update_loss_scaling op: the same counting, floor at 1, finiteness guard.
-    "paddle_static": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000,
-                          hysteresis=2, consecutive_hysteresis=True, refill_hysteresis_on_backoff=True,
-                          min_scale=1.0),
+    "paddle_static": dict(
+        init_scale=2.0**15,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=1000,
+        hysteresis=2,
+        consecutive_hysteresis=True,
+        refill_hysteresis_on_backoff=True,
+        min_scale=1.0,
+    ),
     # Keras 3 LossScaleOptimizer: x2 after dynamic_growth_steps finite steps, /2 on overflow, no floor.
     "keras": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=0.0),
     # tf.keras (Keras 2) LossScaleOptimizer, the API lossscale.LossScaleOptimizer follows: the same counting,
@@ -47,25 +62,35 @@ _PRESETS = {
     # DeepMind jmp DynamicLossScale: floor at min_loss_scale (1), first_finite guard on growth.
     "jmp": dict(init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, min_scale=1.0),
     # Megatron-LM DynamicGradScaler: hysteresis counted since the last growth, floor at min_scale.
-    "megatron": dict(init_scale=2.0**32, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000,
-                     hysteresis=2, consecutive_hysteresis=False, min_scale=1.0),
+    "megatron": dict(
+        init_scale=2.0**32,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=1000,
+        hysteresis=2,
+        consecutive_hysteresis=False,
+        min_scale=1.0,
+    ),
 }
 
 #: What each preset does differently from its original, on purpose.
-_NO_SUBNORMALS = (" With no floor, a scale that would fall below 2**-126 (the smallest normal float32) is 0, where the "
-                  "original goes through subnormal values (see lossscale.core.policy.backed_off_scale).")
+_NO_SUBNORMALS = (
+    " With no floor, a scale that would fall below 2**-126 (the smallest normal float32) is 0, where the "
+    "original goes through subnormal values (see lossscale.core.policy.backed_off_scale)."
+)
 DIFFERENCES = {
     "mindspore": "MindSpore grows the scale to inf (from 2**127 with window 1) and stays there; "
-                 "the preset never grows to a non-finite scale.",
+    "the preset never grows to a non-finite scale.",
     "pytorch": "PyTorch also refuses a non-finite growth." + _NO_SUBNORMALS,
     "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf."
-              + _NO_SUBNORMALS,
+    + _NO_SUBNORMALS,
     "paddle_static": "none (the update_loss_scaling op floors at 1 and refuses a non-finite growth).",
-    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf." + _NO_SUBNORMALS
-             + " (Keras 3 on JAX does not: XLA flushes subnormal results to zero on CPU, measured.)",
+    "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf."
+    + _NO_SUBNORMALS
+    + " (Keras 3 on JAX does not: XLA flushes subnormal results to zero on CPU, measured.)",
     "tf_keras": "none (tf.keras floors the scale at 1 and refuses a non-finite growth).",
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
-           "scale; 2**15 is the value of its documentation.",
+    "scale; 2**15 is the value of its documentation.",
     "megatron": "Megatron-LM multiplies without a finiteness check; the preset never grows to inf.",
 }
 
@@ -93,8 +118,9 @@ def get_preset(name, **overrides):
     policy = LossScalePolicy(**_PRESETS[name])
     unknown = set(overrides) - set(policy.__dataclass_fields__)
     if unknown:
-        raise TypeError(f"unknown LossScalePolicy field(s) {sorted(unknown)}; "
-                        f"allowed: {sorted(policy.__dataclass_fields__)}.")
+        raise TypeError(
+            f"unknown LossScalePolicy field(s) {sorted(unknown)}; allowed: {sorted(policy.__dataclass_fields__)}."
+        )
     if "growth_factor" in overrides and "backoff_factor" not in overrides and "backoff_factor" not in _PRESETS[name]:
         overrides["backoff_factor"] = None  # keep backoff = 1/growth for rules defined that way
     return replace(policy, **overrides) if overrides else policy

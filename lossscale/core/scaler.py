@@ -38,6 +38,7 @@ Example:
     >>> grads[0].asnumpy().tolist(), bool(core.is_overflow(core.flag(None, grads)))
     ([1.0, 2.0], False)
 """
+
 import numbers
 
 import numpy as np
@@ -54,8 +55,14 @@ from lossscale.core._warnings import warn_at_caller
 from lossscale.core.compat import differentiating
 from lossscale.core.parallel import is_parallel, refuse_parallel_mode_set_after_build
 from lossscale.core.policy import LossScalePolicy, state_dict_values
-from lossscale.core.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
-                                    check_overflow_argument, mindspore_good_steps)
+from lossscale.core.update_cells import (
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleUpdateCell,
+    check_fixed_state,
+    check_overflow_argument,
+    mindspore_good_steps,
+)
+
 
 def _promote(scale, output):
     """``output * scale`` with ``output`` promoted to at least float32."""
@@ -104,13 +111,18 @@ def warn_if_scaled_outside_differentiation(anchor):
         (8.0, ['UserWarning'])
     """
     if not isinstance(anchor, Parameter):
-        raise TypeError(f"'anchor' must be a Parameter (one that a compiled function reads as a variable), but got "
-                        f"{type(anchor).__name__}.")
+        raise TypeError(
+            f"'anchor' must be a Parameter (one that a compiled function reads as a variable), but got "
+            f"{type(anchor).__name__}."
+        )
     if outside_graph(anchor) and not differentiating():
-        warn_at_caller("A loss was scaled from Python outside a function being differentiated: the scaled loss "
-                       "carries no gradients. Scale the loss inside the function you give to mindspore.value_and_grad "
-                       "(return scaler.scale(loss), or optimizer.get_scaled_loss(loss), from it): gradients of the "
-                       "unscaled loss would be divided by the scale and applied that many times too small.", UserWarning)
+        warn_at_caller(
+            "A loss was scaled from Python outside a function being differentiated: the scaled loss "
+            "carries no gradients. Scale the loss inside the function you give to mindspore.value_and_grad "
+            "(return scaler.scale(loss), or optimizer.get_scaled_loss(loss), from it): gradients of the "
+            "unscaled loss would be divided by the scale and applied that many times too small.",
+            UserWarning,
+        )
     return True
 
 
@@ -118,8 +130,10 @@ def _check_loss(loss):
     """A TypeError naming what came where a loss tensor belongs: a Python or NumPy value (MindSpore's own error
     would name a primitive, ``Dtype``, eagerly and an attribute under jit)."""
     if not isinstance(loss, Tensor):
-        raise TypeError(f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
-                        f"{type(loss).__name__} {loss!r}: scale the loss tensor itself.")
+        raise TypeError(
+            f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
+            f"{type(loss).__name__} {loss!r}: scale the loss tensor itself."
+        )
 
 
 def _mindspore_good_steps_of(state, window):
@@ -153,9 +167,11 @@ def _refuse_adjust_call(positional, missing):
     """TypeError (while tracing) unless :meth:`LossScaler.adjust` got its decision as ``overflow=`` only."""
     if positional or missing:
         got = f"{positional} positional argument(s)" if positional else "no decision"
-        raise TypeError(f"LossScaler.adjust takes the decision by keyword, adjust(overflow=...), True backing the "
-                        f"scale off, but got {got}. jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) "
-                        f"mean the opposite: give their flag as adjust(overflow=ops.logical_not(grads_finite)).")
+        raise TypeError(
+            f"LossScaler.adjust takes the decision by keyword, adjust(overflow=...), True backing the "
+            f"scale off, but got {got}. jmp's and mindspore.amp.DynamicLossScaler's adjust(grads_finite) "
+            f"mean the opposite: give their flag as adjust(overflow=ops.logical_not(grads_finite))."
+        )
     return True
 
 
@@ -212,8 +228,10 @@ def rule_scale(rule, argument="rule"):
     """
     if isinstance(rule, nn.Cell):
         if not hasattr(rule, "get_loss_scale"):
-            raise TypeError(f"'{argument}' Cell must have a get_loss_scale() method (an update cell), "
-                            f"but got {type(rule).__name__}.")
+            raise TypeError(
+                f"'{argument}' Cell must have a get_loss_scale() method (an update cell), "
+                f"but got {type(rule).__name__}."
+            )
         return positive_scale(argument, rule.get_loss_scale()), ()
     if isinstance(rule, Tensor):
         if rule.shape not in ((), (1,)):
@@ -221,8 +239,9 @@ def rule_scale(rule, argument="rule"):
         return positive_scale(argument, rule), rule.shape
     if isinstance(rule, numbers.Real) and not isinstance(rule, bool):
         return positive_scale(argument, rule), ()
-    raise TypeError(f"'{argument}' must be an update Cell, a LossScalePolicy, a number or a Tensor, "
-                    f"but got {type(rule).__name__}.")
+    raise TypeError(
+        f"'{argument}' must be an update Cell, a LossScalePolicy, a number or a Tensor, but got {type(rule).__name__}."
+    )
 
 
 class LossScaler(nn.Cell):
@@ -274,10 +293,12 @@ class LossScaler(nn.Cell):
         ([[0.8999999761581421, 0.8999999761581421]], 1)
     """
 
-    frozen = read_only("frozen", "the scale is a graph constant or a Parameter from the start; build a new "
-                                 "LossScaler.")
-    is_distributed = read_only("is_distributed", "the all-reduce of the overflow flag is part of the compiled "
-                                                 "step; it follows the parallel mode set when the LossScaler is built.")
+    frozen = read_only("frozen", "the scale is a graph constant or a Parameter from the start; build a new LossScaler.")
+    is_distributed = read_only(
+        "is_distributed",
+        "the all-reduce of the overflow flag is part of the compiled "
+        "step; it follows the parallel mode set when the LossScaler is built.",
+    )
 
     def __init__(self, rule, *, name=None, overflow_check=None, mutable_rule=False, frozen=False):
         super().__init__(auto_prefix=False)
@@ -289,8 +310,9 @@ class LossScaler(nn.Cell):
         self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)
         self._frozen = check_bool("frozen", frozen)
         if frozen and self.dynamic:
-            raise ValueError("'frozen' needs a fixed scale (a number, a Tensor or a fixed update cell), but the rule "
-                             "is dynamic.")
+            raise ValueError(
+                "'frozen' needs a fixed scale (a number, a Tensor or a fixed update cell), but the rule is dynamic."
+            )
         scale_name = "scale_sense" if name is None else f"{name}.scale"
         value = Tensor(np.full(shape, initial, np.float32))
         # A frozen scale is a constant of the graph: no checkpoint or host write can change it.
@@ -378,9 +400,11 @@ class LossScaler(nn.Cell):
         step from then on. MindSpore runs no later step of a graph that raised: build the cell again."""
         scale = self.scale_value.reshape(())
         if not ops.isfinite(scale):
-            raise ValueError("the loss scale is not finite (it was written into the running cell, by "
-                             "load_param_into_net or set_data?): every step would be skipped. Set a finite scale "
-                             "with set_sense_scale() or load_state_dict().")
+            raise ValueError(
+                "the loss scale is not finite (it was written into the running cell, by "
+                "load_param_into_net or set_data?): every step would be skipped. Set a finite scale "
+                "with set_sense_scale() or load_state_dict()."
+            )
         return scale
 
     def adjust(self, *positional, overflow=None):
@@ -422,8 +446,9 @@ class LossScaler(nn.Cell):
     @property
     def dynamic(self):
         """Whether the scale changes with overflows."""
-        if self.update_cell is None or isinstance(self.update_cell, (FixedLossScaleUpdateCell,
-                                                                        nn.FixedLossScaleUpdateCell)):
+        if self.update_cell is None or isinstance(
+            self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)
+        ):
             return False
         return getattr(self.update_cell, "dynamic", True)
 
@@ -450,10 +475,12 @@ class LossScaler(nn.Cell):
             return
         owner = self.update_cell.scale_parameter
         if owner is not None and owner is not self.scale_value:
-            raise RuntimeError(f"this train cell's update cell ({type(self.update_cell).__name__}) was adopted by "
-                               f"another train cell since: one update cell holds one scale's counters, and two "
-                               f"cells using it would change each other's scales. Give each train cell its own "
-                               f"update cell (manager.get_update_cell() makes a new one at each call).")
+            raise RuntimeError(
+                f"this train cell's update cell ({type(self.update_cell).__name__}) was adopted by "
+                f"another train cell since: one update cell holds one scale's counters, and two "
+                f"cells using it would change each other's scales. Give each train cell its own "
+                f"update cell (manager.get_update_cell() makes a new one at each call)."
+            )
 
     def set_scale(self, value):
         """Write a new scale (host to device, no graph rebuild): :meth:`checked_scale` first, so a dynamic rule's
@@ -471,13 +498,15 @@ class LossScaler(nn.Cell):
             >>> LossScaler(LossScalePolicy(init_scale=8.0, max_scale=16.0)).checked_scale(32.0)
             Traceback (most recent call last):
             ...
-            ValueError: 'scale' must be within the update cell's [min_loss_scale, max_loss_scale] = [1.0, 16.0], but got 32.0.
+            ValueError: 'scale' must be within the update cell's [min_loss_scale, max_loss_scale] = [1.0, 16.0], ...
         """
         scale = positive_scale(argument, value)
         policy = self.policy
         if isinstance(self.update_cell, DynamicLossScaleUpdateCell) and not policy.floor <= scale <= policy.ceiling:
-            raise ValueError(f"'{argument}' must be within the update cell's [min_loss_scale, max_loss_scale] = "
-                             f"[{policy.floor!r}, {policy.ceiling!r}], but got {float(scale)!r}.")
+            raise ValueError(
+                f"'{argument}' must be within the update cell's [min_loss_scale, max_loss_scale] = "
+                f"[{policy.floor!r}, {policy.ceiling!r}], but got {float(scale)!r}."
+            )
         return scale
 
     def set_rule(self, policy=None, state=None, dynamic=None):
@@ -496,8 +525,10 @@ class LossScaler(nn.Cell):
         if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
             return self.update_cell.state_dict()
         if isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
-            return {"loss_scale": self.get_scale(),
-                    "good_steps": mindspore_good_steps(self.update_cell.cur_iter, self.update_cell.last_overflow_iter)}
+            return {
+                "loss_scale": self.get_scale(),
+                "good_steps": mindspore_good_steps(self.update_cell.cur_iter, self.update_cell.last_overflow_iter),
+            }
         return {"loss_scale": self.get_scale()}
 
     def load_state_dict(self, state):
@@ -551,21 +582,29 @@ def refuse_non_sequence(grads, argument, allow_empty=False):
         True
     """
     if isinstance(grads, Tensor):
-        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
-                        f"mindspore.value_and_grad returns for them), but got a single Tensor. MindSpore gradients "
-                        f"are values: differentiate the scaled loss and pass its gradients.")
+        raise TypeError(
+            f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
+            f"mindspore.value_and_grad returns for them), but got a single Tensor. MindSpore gradients "
+            f"are values: differentiate the scaled loss and pass its gradients."
+        )
     if isinstance(grads, nn.Cell):
-        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer, but "
-                        f"got a Cell (an optimizer?). PyTorch's unscale_(optimizer) and step(optimizer) find the "
-                        f"gradients on the optimizer; MindSpore gradients are values: differentiate the scaled loss "
-                        f"with mindspore.value_and_grad and pass them, e.g. grads = scaler.unscale_(grads), then "
-                        f"scaler.step(optimizer, grads).")
+        raise TypeError(
+            f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer, but "
+            f"got a Cell (an optimizer?). PyTorch's unscale_(optimizer) and step(optimizer) find the "
+            f"gradients on the optimizer; MindSpore gradients are values: differentiate the scaled loss "
+            f"with mindspore.value_and_grad and pass them, e.g. grads = scaler.unscale_(grads), then "
+            f"scaler.step(optimizer, grads)."
+        )
     if not isinstance(grads, (tuple, list)):
-        raise TypeError(f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
-                        f"mindspore.value_and_grad returns for them).")
+        raise TypeError(
+            f"'{argument}' must be a tuple or list of gradients, one per parameter of the optimizer (what "
+            f"mindspore.value_and_grad returns for them)."
+        )
     if not grads and not allow_empty:
-        raise ValueError(f"'{argument}' holds no gradients: give one per parameter of the optimizer (what "
-                         f"mindspore.value_and_grad returns for optimizer.parameters).")
+        raise ValueError(
+            f"'{argument}' holds no gradients: give one per parameter of the optimizer (what "
+            f"mindspore.value_and_grad returns for optimizer.parameters)."
+        )
     return True
 
 
@@ -592,16 +631,22 @@ def refuse_non_tensor_entries(grads, argument):
     """
     for index, grad in enumerate(grads):
         if isinstance(grad, (bool, int, float, np.ndarray, np.generic)):
-            raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got {type(grad).__name__}: "
-                            f"gradients are MindSpore Tensors (convert NumPy values with mindspore.Tensor).")
+            raise TypeError(
+                f"'{argument}[{index}]' must be a gradient Tensor, but got {type(grad).__name__}: "
+                f"gradients are MindSpore Tensors (convert NumPy values with mindspore.Tensor)."
+            )
         if _is_eager_row_tensor(grad):
-            raise TypeError(f"'{argument}[{index}]' is a sparse gradient (RowTensor: indices, values, dense shape), "
-                            f"as nn.EmbeddingLookup(sparse=True) gives: the GradScaler and the LossScaleOptimizer "
-                            f"take dense gradients only. Use nn.Embedding, whose gradients are dense.")
+            raise TypeError(
+                f"'{argument}[{index}]' is a sparse gradient (RowTensor: indices, values, dense shape), "
+                f"as nn.EmbeddingLookup(sparse=True) gives: the GradScaler and the LossScaleOptimizer "
+                f"take dense gradients only. Use nn.Embedding, whose gradients are dense."
+            )
         if isinstance(grad, (tuple, list)):
-            raise TypeError(f"'{argument}[{index}]' must be a gradient Tensor, but got a {type(grad).__name__}: give "
-                            f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "
-                            f"and weights returns (inputs' gradients, weights' gradients): pass the second).")
+            raise TypeError(
+                f"'{argument}[{index}]' must be a gradient Tensor, but got a {type(grad).__name__}: give "
+                f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "
+                f"and weights returns (inputs' gradients, weights' gradients): pass the second)."
+            )
     return True
 
 
@@ -616,10 +661,12 @@ def refuse_bfloat16_on_cpu(dtypes, argument="optimizer"):
         True
     """
     if mstype.bfloat16 in dtypes and get_context("device_target") == "CPU":
-        raise TypeError(f"'{argument}' updates bfloat16 Parameters ({dtypes.count(mstype.bfloat16)} of "
-                        f"{len(dtypes)}), which cannot be trained on device_target 'CPU': MindSpore has no bfloat16 "
-                        f"Assign kernel there. Keep the Parameters in float32 (amp levels O2/O3 compute in float16 "
-                        f"with float32 weights) or float16, or train on Ascend.")
+        raise TypeError(
+            f"'{argument}' updates bfloat16 Parameters ({dtypes.count(mstype.bfloat16)} of "
+            f"{len(dtypes)}), which cannot be trained on device_target 'CPU': MindSpore has no bfloat16 "
+            f"Assign kernel there. Keep the Parameters in float32 (amp levels O2/O3 compute in float16 "
+            f"with float32 weights) or float16, or train on Ascend."
+        )
     return True
 
 
@@ -646,4 +693,5 @@ def check_optimizer_loss_scale(optimizer, fixed_scale=None):
     raise ValueError(
         f"'optimizer.loss_scale' is {optimizer_scale!r} but the loss scale is {expected}: the gradients would be "
         f"unscaled twice or by the wrong factor. Build the optimizer without 'loss_scale' (lossscale unscales), "
-        f"or, with a fixed scale that is applied every step, give it exactly that scale.")
+        f"or, with a fixed scale that is applied every step, give it exactly that scale."
+    )

@@ -8,6 +8,7 @@ Parameter (owned by the train cell) and its own counter Parameters with
 :class:`DynamicLossScaleUpdateCell` implements :func:`lossscale.core.policy.update`
 with branch-free ``select`` ops; the tests check it equals the policy step for step.
 """
+
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -16,13 +17,25 @@ from mindspore.ops import constexpr
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, read_scalar, write_parameter
 from lossscale.core._validation import check_bool, check_real, positive_float32, read_only
-from lossscale.core.policy import (FLOAT32_TINY, LossScalePolicy, LossScaleState, check_state, initial_state,
-                              policy_extensions, policy_from_mindspore_arguments, state_dict_values, state_from_dict)
-
+from lossscale.core.policy import (
+    FLOAT32_TINY,
+    LossScalePolicy,
+    LossScaleState,
+    check_state,
+    initial_state,
+    policy_extensions,
+    policy_from_mindspore_arguments,
+    state_dict_values,
+    state_from_dict,
+)
 
 # The policy fields whose numbers the cell holds as they are (min/max are held rounded to float32).
-_RULE_ATTRIBUTES = {"growth_factor": "_growth_factor", "backoff_factor": "_backoff_factor",
-                    "growth_interval": "_window", "hysteresis": "_full_hysteresis"}
+_RULE_ATTRIBUTES = {
+    "growth_factor": "_growth_factor",
+    "backoff_factor": "_backoff_factor",
+    "growth_interval": "_window",
+    "hysteresis": "_full_hysteresis",
+}
 
 
 class _ScaleBinding:
@@ -59,8 +72,10 @@ _OVERFLOW_MEANING = "True: back off; the decision, such as LossScaler.is_overflo
 @constexpr
 def _refuse_overflow_kind(dtype, shape):
     if dtype != mstype.bool_ or int(np.prod(shape)) != 1:
-        raise TypeError(f"'overflow' must be a bool Tensor holding one value ({_OVERFLOW_MEANING}), but got a Tensor "
-                        f"of dtype {dtype} and shape {tuple(shape)}.")
+        raise TypeError(
+            f"'overflow' must be a bool Tensor holding one value ({_OVERFLOW_MEANING}), but got a Tensor "
+            f"of dtype {dtype} and shape {tuple(shape)}."
+        )
     return True
 
 
@@ -77,9 +92,12 @@ class _UpdateCellBase(nn.Cell):
 
     # MindSpore's get_loss_scale() returns this attribute, so assigning it there changes the scale a train cell
     # built afterwards starts from; ours keeps the validated value apart, where an assignment would change nothing.
-    loss_scale_value = read_only("loss_scale_value", "it is the initial scale as given. Build a new cell with the "
-                                                     "scale wanted (a train cell's set_sense_scale() changes its "
-                                                     "current scale).")
+    loss_scale_value = read_only(
+        "loss_scale_value",
+        "it is the initial scale as given. Build a new cell with the "
+        "scale wanted (a train cell's set_sense_scale() changes its "
+        "current scale).",
+    )
 
     def __init__(self, loss_scale_value):
         super().__init__()
@@ -142,8 +160,7 @@ def check_fixed_state(state, fixed_scale, name="state_dict['loss_scale']"):
     names the value as ``name``."""
     saved = state_dict_values(state, ("loss_scale",))["loss_scale"]
     if float(np.float32(saved)) != float(np.float32(fixed_scale)):
-        raise ValueError(f"'{name}' must equal the fixed loss scale {float(fixed_scale)!r}, but got "
-                         f"{saved!r}.")
+        raise ValueError(f"'{name}' must equal the fixed loss scale {float(fixed_scale)!r}, but got {saved!r}.")
 
 
 def mindspore_good_steps(current_step, last_overflow_step):
@@ -198,8 +215,10 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
 
 # MindSpore's update cell reads scale_factor/scale_window when it compiles, so assigning them before the first step
 # changes its rule; ours holds the validated rule in Tensors, where an assigned attribute would change nothing.
-_CELL_ADVICE = ("the validated rule is held in the cell's Tensors. Build a new cell (or "
-                "DynamicLossScaleUpdateCell.from_policy(policy)).")
+_CELL_ADVICE = (
+    "the validated rule is held in the cell's Tensors. Build a new cell (or "
+    "DynamicLossScaleUpdateCell.from_policy(policy))."
+)
 
 
 class DynamicLossScaleUpdateCell(_UpdateCellBase):
@@ -242,16 +261,37 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
 
     scale_factor = read_only("scale_factor", _CELL_ADVICE)
     scale_window = read_only("scale_window", _CELL_ADVICE)
-    policy = read_only("policy", "a compiled step keeps the rule it was built with. Call hold_rule_in_parameters() "
-                                 "and then set_policy(policy), or build a new cell (from_policy(policy)).")
+    policy = read_only(
+        "policy",
+        "a compiled step keeps the rule it was built with. Call hold_rule_in_parameters() "
+        "and then set_policy(policy), or build a new cell (from_policy(policy)).",
+    )
 
-    def __init__(self, loss_scale_value, scale_factor, scale_window, *, backoff_factor=None,
-                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
-                 refill_hysteresis_on_backoff=False):
+    def __init__(
+        self,
+        loss_scale_value,
+        scale_factor,
+        scale_window,
+        *,
+        backoff_factor=None,
+        hysteresis=1,
+        consecutive_hysteresis=False,
+        min_loss_scale=1.0,
+        max_loss_scale=None,
+        refill_hysteresis_on_backoff=False,
+    ):
         policy = policy_from_mindspore_arguments(
-            "loss_scale_value", loss_scale_value, scale_factor, scale_window, backoff_factor=backoff_factor,
-            hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
+            "loss_scale_value",
+            loss_scale_value,
+            scale_factor,
+            scale_window,
+            backoff_factor=backoff_factor,
+            hysteresis=hysteresis,
+            consecutive_hysteresis=consecutive_hysteresis,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+            refill_hysteresis_on_backoff=refill_hysteresis_on_backoff,
+        )
         super().__init__(loss_scale_value)
         self._policy = policy
         self._scale_factor, self._scale_window = scale_factor, scale_window
@@ -267,10 +307,12 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self._consecutive = policy.consecutive_hysteresis
         self._switchable = False
         start = initial_state(policy)
-        self.good_steps = Parameter(Tensor(start.good_steps, mstype.int32),
-                                    name="loss_scale_good_steps", requires_grad=False)
-        self.hysteresis_left = Parameter(Tensor(start.hysteresis_left, mstype.int32),
-                                         name="loss_scale_hysteresis_left", requires_grad=False)
+        self.good_steps = Parameter(
+            Tensor(start.good_steps, mstype.int32), name="loss_scale_good_steps", requires_grad=False
+        )
+        self.hysteresis_left = Parameter(
+            Tensor(start.hysteresis_left, mstype.int32), name="loss_scale_hysteresis_left", requires_grad=False
+        )
 
     def rename_parameters(self, prefix):
         """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
@@ -288,15 +330,16 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         """
         check_bool("dynamic", dynamic)
         if self._switchable:  # again would replace the Parameters a compiled graph holds, and drop their prefix
-            raise RuntimeError("hold_rule_in_parameters() was already called on this update cell: use set_policy() "
-                               "and set_dynamic() to change the rule.")
-        renamed = self.good_steps.name[:-len(".good_steps")] if self.good_steps.name.endswith(".good_steps") else None
+            raise RuntimeError(
+                "hold_rule_in_parameters() was already called on this update cell: use set_policy() "
+                "and set_dynamic() to change the rule."
+            )
+        renamed = self.good_steps.name[: -len(".good_steps")] if self.good_steps.name.endswith(".good_steps") else None
 
         def parameter_name(attribute):  # the prefix of rename_parameters() if it ran before, as it would give
             return f"loss_scale{attribute}" if renamed is None else f"{renamed}.{attribute.lstrip('_')}"
 
-        for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window",
-                     "_full_hysteresis"):
+        for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window", "_full_hysteresis"):
             value = getattr(self, name)
             delattr(self, name)
             setattr(self, name, Parameter(value, name=parameter_name(name), requires_grad=False))
@@ -336,22 +379,36 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         if not self._switchable:
             raise RuntimeError("set_policy() needs hold_rule_in_parameters() first.")
         if not isinstance(policy, LossScalePolicy):
-            raise TypeError(f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "
-                            f"but got {type(policy).__name__}.")
+            raise TypeError(
+                f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "
+                f"but got {type(policy).__name__}."
+            )
         if (policy.consecutive_hysteresis, policy.refill_hysteresis_on_backoff) != (
-                self._policy.consecutive_hysteresis, self._policy.refill_hysteresis_on_backoff):
-            raise ValueError("'policy' must keep the hysteresis mode of this update cell "
-                             "(consecutive_hysteresis, refill_hysteresis_on_backoff).")
+            self._policy.consecutive_hysteresis,
+            self._policy.refill_hysteresis_on_backoff,
+        ):
+            raise ValueError(
+                "'policy' must keep the hysteresis mode of this update cell "
+                "(consecutive_hysteresis, refill_hysteresis_on_backoff)."
+            )
         if state is None:
             current = self.get_state()
-            state = LossScaleState(scale=current.scale, good_steps=min(current.good_steps, policy.growth_interval - 1),
-                                   hysteresis_left=min(current.hysteresis_left, policy.hysteresis))
+            state = LossScaleState(
+                scale=current.scale,
+                good_steps=min(current.good_steps, policy.growth_interval - 1),
+                hysteresis_left=min(current.hysteresis_left, policy.hysteresis),
+            )
         check_state(policy, state)
         self._policy = policy
         self._scale_factor, self._scale_window = policy.growth_factor, policy.growth_interval
-        for name, value in (("_growth_factor", policy.growth_factor), ("_backoff_factor", policy.backoff_factor),
-                            ("_min_scale", policy.floor), ("_max_scale", policy.ceiling),
-                            ("_window", policy.growth_interval), ("_full_hysteresis", policy.hysteresis)):
+        for name, value in (
+            ("_growth_factor", policy.growth_factor),
+            ("_backoff_factor", policy.backoff_factor),
+            ("_min_scale", policy.floor),
+            ("_max_scale", policy.ceiling),
+            ("_window", policy.growth_interval),
+            ("_full_hysteresis", policy.hysteresis),
+        ):
             write_parameter(getattr(self, name), value)
         self.set_state(state)
 
@@ -376,14 +433,15 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             >>> DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch")).get_loss_scale()
             65536.0
         """
-        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval,
-                   **policy_extensions(policy))
+        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval, **policy_extensions(policy))
 
     def get_state(self):
         """The current :class:`lossscale.core.policy.LossScaleState` (syncs the host)."""
-        return LossScaleState(scale=self.get_loss_scale(),
-                              good_steps=int(self.good_steps.asnumpy()),
-                              hysteresis_left=int(self.hysteresis_left.asnumpy()))
+        return LossScaleState(
+            scale=self.get_loss_scale(),
+            good_steps=int(self.good_steps.asnumpy()),
+            hysteresis_left=int(self.hysteresis_left.asnumpy()),
+        )
 
     def set_state(self, state):
         """Write a :class:`lossscale.core.policy.LossScaleState` into the Parameters (host to device)."""
@@ -395,8 +453,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (syncs the host)."""
         state = self.get_state()
-        return {"loss_scale": state.scale, "good_steps": state.good_steps,
-                "hysteresis_left": state.hysteresis_left}
+        return {"loss_scale": state.scale, "good_steps": state.good_steps, "hysteresis_left": state.hysteresis_left}
 
     def load_state_dict(self, state):
         """Restore the output of :meth:`state_dict` (validated; nothing changes on error)."""

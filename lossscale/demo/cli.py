@@ -24,13 +24,24 @@ import sys
 import warnings
 
 from lossscale.core.compat import prefer_fast_cpu_convolutions
-from lossscale.demo.options import (EXIT_OK, EXIT_STALLED, EXIT_USAGE, CliError, TrainingStalled, _check_batch_size,
-                                    _check_model, _version, build_parser)
-
+from lossscale.demo.options import (
+    EXIT_OK,
+    EXIT_STALLED,
+    EXIT_USAGE,
+    CliError,
+    TrainingStalled,
+    _check_batch_size,
+    _check_model,
+    _version,
+    build_parser,
+)
 
 # Each command's module, imported when the command runs (it imports MindSpore).
-COMMANDS = {"train": ("lossscale.demo.runs", "command_train"), "compare": ("lossscale.demo.compare", "command_compare"),
-            "inspect": ("lossscale.demo.inspection", "command_inspect")}
+COMMANDS = {
+    "train": ("lossscale.demo.runs", "command_train"),
+    "compare": ("lossscale.demo.compare", "command_compare"),
+    "inspect": ("lossscale.demo.inspection", "command_inspect"),
+}
 
 
 def _command(name):
@@ -54,8 +65,10 @@ def _set_device(device):
     available = getattr(getattr(ms, "hal", None), "is_available", None)
     if available is not None and not available(device):
         supported = [name for name in ("CPU", "GPU", "Ascend") if available(name)]
-        raise CliError(f"--device {device} is not available: this MindSpore installation can use "
-                       f"{', '.join(supported) or 'no device'}")
+        raise CliError(
+            f"--device {device} is not available: this MindSpore installation can use "
+            f"{', '.join(supported) or 'no device'}"
+        )
     try:
         if hasattr(ms, "set_device"):
             ms.set_device(device)

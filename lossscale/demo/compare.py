@@ -1,6 +1,7 @@
 """``compare``: fp32, fp16 without scaling, fp16 with a fixed scale and fp16 with dynamic scaling on the same seed
 and data; the table, the verdict and the plot.
 """
+
 import os
 
 import numpy as np
@@ -10,8 +11,16 @@ from lossscale.demo import plots
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
 from lossscale.demo.options import EXIT_OK, prepare_output
 from lossscale.demo.results import comparison_verdict, write_results_page
-from lossscale.demo.runs import (_copy_of, _first_training_batches, _public, _try_plot, _unweighted, _weighted_loss,
-                                 _write_json, run_training)
+from lossscale.demo.runs import (
+    _copy_of,
+    _first_training_batches,
+    _public,
+    _try_plot,
+    _unweighted,
+    _weighted_loss,
+    _write_json,
+    run_training,
+)
 
 
 def gradient_loss_at_end(result, batches=4):
@@ -22,17 +31,21 @@ def gradient_loss_at_end(result, batches=4):
     reference_probe = GradientProbe(nn.WithLossCell(reference, _weighted_loss(config["loss_weight"])))
     run_probe = GradientProbe(result["model"].train_network.network)
     scale = result["summary"]["final_loss_scale"] or 1.0
-    fractions = [lost_fraction(unscaled_gradients(reference_probe, batch, 1.0),
-                               unscaled_gradients(run_probe, batch, scale))
-                 for batch in _first_training_batches(config["batch_size"], reference.input_layout, batches)]
+    fractions = [
+        lost_fraction(unscaled_gradients(reference_probe, batch, 1.0), unscaled_gradients(run_probe, batch, scale))
+        for batch in _first_training_batches(config["batch_size"], reference.input_layout, batches)
+    ]
     return float(np.mean(fractions))
 
 
 def compare_plan(args):
     """``[(label, precision, loss_scale)]``: the four runs of ``compare``."""
-    return [("fp32", "fp32", "none"), ("fp16 no scaling", args.precision, "none"),
-            (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}"),
-            ("fp16 dynamic", args.precision, "dynamic")]
+    return [
+        ("fp32", "fp32", "none"),
+        ("fp16 no scaling", args.precision, "none"),
+        (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}"),
+        ("fp16 dynamic", args.precision, "dynamic"),
+    ]
 
 
 def compare_runs(args):
@@ -40,8 +53,18 @@ def compare_runs(args):
     runs = []
     for label, precision, loss_scale in compare_plan(args):
         print(f"== {label} ({precision}, loss scale {loss_scale})")
-        result = run_training(args.model, precision, loss_scale, args.epochs, args.batch_size, args.lr, args.seed,
-                              args.scale_window, args.loss_weight, progress=not args.no_progress)
+        result = run_training(
+            args.model,
+            precision,
+            loss_scale,
+            args.epochs,
+            args.batch_size,
+            args.lr,
+            args.seed,
+            args.scale_window,
+            args.loss_weight,
+            progress=not args.no_progress,
+        )
         result["gradient_lost_fraction"] = gradient_loss_at_end(result)
         runs.append((label, result))
     return runs
@@ -49,14 +72,15 @@ def compare_runs(args):
 
 def format_comparison(runs):
     """The comparison table as text (final loss divided by the loss weight)."""
-    header = (f"{'run':<22}{'test acc %':>11}{'final loss':>12}{'grad lost %':>13}{'skipped':>9}"
-              f"{'ms/step':>9}")
+    header = f"{'run':<22}{'test acc %':>11}{'final loss':>12}{'grad lost %':>13}{'skipped':>9}{'ms/step':>9}"
     lines = [header, "-" * len(header)]
     for label, result in runs:
         final_loss = result["final_loss"] / result["config"]["loss_weight"]
-        lines.append(f"{label:<22}{100 * result['test_accuracy']:>11.2f}{final_loss:>12.4f}"
-                     f"{100 * result['gradient_lost_fraction']:>13.3f}{result['summary']['skipped_steps']:>9d}"
-                     f"{1e3 * result['seconds_per_step']:>9.2f}")
+        lines.append(
+            f"{label:<22}{100 * result['test_accuracy']:>11.2f}{final_loss:>12.4f}"
+            f"{100 * result['gradient_lost_fraction']:>13.3f}{result['summary']['skipped_steps']:>9d}"
+            f"{1e3 * result['seconds_per_step']:>9.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -70,8 +94,12 @@ def command_compare(args):
         handle.write(table + "\n" + verdict + "\n")
     _write_json(os.path.join(output, "compare.json"), {label: _public(result) for label, result in runs})
     title = f"{args.model}: fp32 vs fp16 ({args.precision}) loss scaling"
-    _try_plot(plots.plot_comparison, {label: _unweighted(result) for label, result in runs},
-              os.path.join(output, "compare.png"), title)
+    _try_plot(
+        plots.plot_comparison,
+        {label: _unweighted(result) for label, result in runs},
+        os.path.join(output, "compare.png"),
+        title,
+    )
     if args.results:
         print(f"results page: {write_results_page(args, runs, args.results)}")
     return EXIT_OK

@@ -4,6 +4,7 @@ Used by ``python -m lossscale compare`` (underflow column) and ``inspect``
 (histogram against the float16 range). Everything here syncs the host: it is
 for analysis, not for the training hot path.
 """
+
 import math
 
 import numpy as np
@@ -27,7 +28,8 @@ class GradientProbe(nn.Cell):
         >>> import numpy as np
         >>> from mindspore import Tensor, nn
         >>> probe = GradientProbe(nn.WithLossCell(nn.Dense(3, 1, weight_init="ones"), nn.MSELoss()))
-        >>> grads = unscaled_gradients(probe, (Tensor(np.ones((1, 3), np.float32)), Tensor(np.zeros((1, 1), np.float32))), 8.0)
+        >>> batch = (Tensor(np.ones((1, 3), np.float32)), Tensor(np.zeros((1, 1), np.float32)))
+        >>> grads = unscaled_gradients(probe, batch, 8.0)
         >>> [g.shape for g in grads]
         [(1, 3), (1,)]
     """
@@ -81,8 +83,14 @@ def magnitude_report(grads, scale):
     values = np.abs(np.concatenate([np.ravel(g) for g in grads]).astype(np.float64))
     values = values[values > 0]
     if not values.size:
-        return {"flushed": 0.0, "subnormal": 0.0, "normal": 0.0, "overflow": 0.0, "largest_safe_scale": None,
-                "count": 0}
+        return {
+            "flushed": 0.0,
+            "subnormal": 0.0,
+            "normal": 0.0,
+            "overflow": 0.0,
+            "largest_safe_scale": None,
+            "count": 0,
+        }
     with np.errstate(over="ignore"):
         rounded = (values * scale).astype(np.float16)
     flushed, overflow = rounded == 0, np.isinf(rounded)

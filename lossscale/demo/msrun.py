@@ -11,13 +11,13 @@ Facts this module relies on (MindSpore 2.10, measured on CPU):
 - ``get_auto_parallel_context("device_num")`` is 1 under msrun: the group size comes from
   ``mindspore.communication.get_group_size()`` (MindSpore's gradient reducer does that too).
 """
+
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-
 
 LAUNCHED_MARK = "LOSSSCALE_MSRUN_CHILD"
 
@@ -71,8 +71,17 @@ def msrun_command(script, args=(), workers=2, port=None, log_dir="msrun_logs"):
     msrun = os.path.join(bin_dir, "msrun")
     if not os.path.exists(msrun):
         msrun = shutil.which("msrun") or "msrun"
-    return [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
-            f"--master_port={port or free_port()}", "--join=True", f"--log_dir={log_dir}", script, *args]
+    return [
+        msrun,
+        f"--worker_num={workers}",
+        f"--local_worker_num={workers}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port or free_port()}",
+        "--join=True",
+        f"--log_dir={log_dir}",
+        script,
+        *args,
+    ]
 
 
 def launch_environment(extra_pythonpath=None):
@@ -90,8 +99,9 @@ def run_msrun(command, timeout, env=None, cwd=None):
 
     Returns the ``subprocess.CompletedProcess``; raises ``subprocess.TimeoutExpired`` after killing.
     """
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=cwd, start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

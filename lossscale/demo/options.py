@@ -6,6 +6,7 @@ Example:
     >>> build_parser().parse_args(["train", "--epochs", "2"]).epochs
     2
 """
+
 import argparse
 import os
 import sys
@@ -20,14 +21,25 @@ MODEL_NAMES = ("mlp", "lenet5", "resnet", "transformer")  # lossscale_models.MOD
 OVERFLOW_POLICIES = ("skip", "warn", "raise")
 # A run that skips this share of its steps is reported as stalled by overflow.
 STALLED_SHARE = 0.10
-DEFAULTS = {"model": "lenet5", "precision": "O2", "loss_scale": "dynamic", "epochs": 6, "batch_size": 32,
-            "lr": 1e-3, "seed": 0, "scale_window": 100, "loss_weight": 1.0}
+DEFAULTS = {
+    "model": "lenet5",
+    "precision": "O2",
+    "loss_scale": "dynamic",
+    "epochs": 6,
+    "batch_size": 32,
+    "lr": 1e-3,
+    "seed": 0,
+    "scale_window": 100,
+    "loss_weight": 1.0,
+}
 # The documented comparison (docs/results.md): LeNet5 in O3 with the loss weighted by 1e-4, as a loss
 # normalised by a large token count would be, so that most gradients underflow in float16.
 COMPARE_DEFAULTS = {"precision": "O3", "loss_weight": 1e-4, "epochs": 3, "fixed_scale": 1024.0}
-OUTPUT_FILES = {"train": ("metrics.csv", "summary.json", "training.png"),
-                "compare": ("compare.txt", "compare.json", "compare.png"),
-                "inspect": ("inspect.json", "gradients.png")}
+OUTPUT_FILES = {
+    "train": ("metrics.csv", "summary.json", "training.png"),
+    "compare": ("compare.txt", "compare.json", "compare.png"),
+    "inspect": ("inspect.json", "gradients.png"),
+}
 
 
 class CliError(Exception):
@@ -48,15 +60,22 @@ class _Formatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text or action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+        if (
+            "default" in text
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+        ):
             return text
         return f"{text} (default: %(default)s)"
 
 
 # ---- values ---------------------------------------------------------------------------------
 
+
 def _number(convert, description, check):
     """An argparse type: ``convert(text)`` that passes ``check``; else a one-line error naming the rule."""
+
     def parse(text):
         try:
             value = convert(text)
@@ -74,8 +93,9 @@ def _number(convert, description, check):
 _positive_int = _number(int, f"an integer in [1, {INT32_MAX}]", lambda v: 1 <= v <= INT32_MAX)
 _non_negative_int = _number(int, f"an integer in [0, {INT32_MAX}]", lambda v: 0 <= v <= INT32_MAX)
 _seed = _number(int, "an integer in [0, 2**32-1]", lambda v: 0 <= v < 2**32)
-_positive_float = _number(float, "a number in [1.2e-38, 3.4e38] (float32's normal range)",
-                          lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX)
+_positive_float = _number(
+    float, "a number in [1.2e-38, 3.4e38] (float32's normal range)", lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX
+)
 # A loss scale is a float32 Parameter: a larger number would be inf.
 _scale_value = _number(float, "a number in [1, 3.4e38] (float32's range)", lambda v: 1 <= v <= FLOAT32_MAX)
 _probe_scale = _number(float, "a number in (0, 3.4e38] (float32's range)", lambda v: 0 < v <= FLOAT32_MAX)
@@ -101,15 +121,16 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
     if spec == "dynamic":
         return "dynamic", _manager("dynamic", scale_window)
     if spec.startswith("fixed:"):
-        text = spec[len("fixed:"):]
+        text = spec[len("fixed:") :]
         try:
             value = _scale_value(text)
         except argparse.ArgumentTypeError:
-            raise CliError(f"--loss-scale fixed:S needs a number S in [1, 3.4e38] (float32's range), "
-                           f"but got {text!r}") from None
+            raise CliError(
+                f"--loss-scale fixed:S needs a number S in [1, 3.4e38] (float32's range), but got {text!r}"
+            ) from None
         return f"fixed:{value:g}", _manager("fixed", value)
     if spec.startswith("preset:"):
-        name = spec[len("preset:"):]
+        name = spec[len("preset:") :]
         if name not in PRESET_NAMES:
             raise CliError(f"unknown preset {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
         return spec, _manager("preset", (name, scale_window))
@@ -118,9 +139,10 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
 
 def _manager(kind, value, drop=True):
     """A factory of the loss-scale manager for a parsed ``--loss-scale``."""
+
     def build():
-        from lossscale.training.managers import DynamicLossScaleManager, FixedLossScaleManager
         from lossscale.core.presets import get_preset
+        from lossscale.training.managers import DynamicLossScaleManager, FixedLossScaleManager
 
         if kind == "fixed":
             return FixedLossScaleManager(value, drop_overflow_update=drop)
@@ -172,12 +194,16 @@ def _refuse_empty_epoch(batch_size, images, workers, steps_per_epoch):
     share = -(-images // workers)
     empty = batch_size > share if steps_per_epoch is None else steps_per_epoch == 0
     if empty:
-        where = f"the {images} training images" if workers == 1 else (
-            f"the {share} training images of each of the {workers} workers ({images} in all)")
+        where = (
+            f"the {images} training images"
+            if workers == 1
+            else (f"the {share} training images of each of the {workers} workers ({images} in all)")
+        )
         raise CliError(f"--batch-size {batch_size} is larger than {where}")
 
 
 # ---- the parser -------------------------------------------------------------------------------
+
 
 def _version():
     from importlib import metadata
@@ -194,75 +220,140 @@ def _version():
 def _add_model_and_data(parser, defaults, batch_help="images per step"):
     parser.add_argument("--model", default=DEFAULTS["model"], help=f"network: {', '.join(MODEL_NAMES)}")
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULTS["batch_size"], help=batch_help)
-    parser.add_argument("--seed", type=_seed, default=DEFAULTS["seed"],
-                        help="initialisation and data order")
-    parser.add_argument("--loss-weight", type=_positive_float, default=defaults["loss_weight"],
-                        help="multiply the loss by this constant, like a loss normalised by a large token count; "
-                             "Adam is nearly invariant to it in fp32, float16 gradients are not")
-    parser.add_argument("--device", choices=("CPU", "GPU", "Ascend"), default=None,
-                        help="MindSpore device target (default: MindSpore's own)")
+    parser.add_argument("--seed", type=_seed, default=DEFAULTS["seed"], help="initialisation and data order")
+    parser.add_argument(
+        "--loss-weight",
+        type=_positive_float,
+        default=defaults["loss_weight"],
+        help="multiply the loss by this constant, like a loss normalised by a large token count; "
+        "Adam is nearly invariant to it in fp32, float16 gradients are not",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("CPU", "GPU", "Ascend"),
+        default=None,
+        help="MindSpore device target (default: MindSpore's own)",
+    )
 
 
 def _add_training(parser, epochs, epochs_help="passes over the 1438 training images", lr_help="Adam learning rate"):
-    parser.add_argument("--epochs", type=_positive_int if epochs else _non_negative_int, default=epochs,
-                        help=epochs_help)
+    parser.add_argument(
+        "--epochs", type=_positive_int if epochs else _non_negative_int, default=epochs, help=epochs_help
+    )
     parser.add_argument("--lr", type=_positive_float, default=DEFAULTS["lr"], help=lr_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def build_parser():
-    parser = _Parser(prog="lossscale", description="Loss-scaled float16 training with MindSpore on the bundled "
-                     "handwritten digits.", formatter_class=_Formatter)
+    parser = _Parser(
+        prog="lossscale",
+        description="Loss-scaled float16 training with MindSpore on the bundled handwritten digits.",
+        formatter_class=_Formatter,
+    )
     parser.add_argument("--version", action="store_true", help="print the versions of lossscale and MindSpore")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    train = commands.add_parser("train", help="train one configuration", formatter_class=_Formatter,
-                                description="Train one configuration and report the loss scaling.")
+    train = commands.add_parser(
+        "train",
+        help="train one configuration",
+        formatter_class=_Formatter,
+        description="Train one configuration and report the loss scaling.",
+    )
     _add_model_and_data(train, DEFAULTS, "images per step (per process with --workers)")
-    train.add_argument("--precision", default=DEFAULTS["precision"], choices=sorted(PRECISIONS),
-                       help="fp32 (= O0), O2 (fp16 compute, BatchNorm fp32) or O3 (all fp16)")
-    train.add_argument("--loss-scale", default=DEFAULTS["loss_scale"],
-                       help="none, fixed:S, dynamic or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...)")
-    train.add_argument("--scale-window", type=_positive_int, default=DEFAULTS["scale_window"],
-                       help="clean steps before a dynamic scale grows")
+    train.add_argument(
+        "--precision",
+        default=DEFAULTS["precision"],
+        choices=sorted(PRECISIONS),
+        help="fp32 (= O0), O2 (fp16 compute, BatchNorm fp32) or O3 (all fp16)",
+    )
+    train.add_argument(
+        "--loss-scale",
+        default=DEFAULTS["loss_scale"],
+        help="none, fixed:S, dynamic or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...)",
+    )
+    train.add_argument(
+        "--scale-window",
+        type=_positive_int,
+        default=DEFAULTS["scale_window"],
+        help="clean steps before a dynamic scale grows",
+    )
     _add_training(train, DEFAULTS["epochs"])
-    train.add_argument("--overflow-policy", choices=OVERFLOW_POLICIES, default="warn",
-                       help="when overflows persist (--max-consecutive-overflows in a row, or at the minimum "
-                            "scale): keep skipping, warn once, or stop with exit code 1")
-    train.add_argument("--max-consecutive-overflows", type=_positive_int, default=50,
-                       help="consecutive skipped steps that count as persistent overflow")
-    train.add_argument("--workers", type=_positive_int, default=1,
-                       help="data-parallel processes on this machine, launched with msrun")
+    train.add_argument(
+        "--overflow-policy",
+        choices=OVERFLOW_POLICIES,
+        default="warn",
+        help="when overflows persist (--max-consecutive-overflows in a row, or at the minimum "
+        "scale): keep skipping, warn once, or stop with exit code 1",
+    )
+    train.add_argument(
+        "--max-consecutive-overflows",
+        type=_positive_int,
+        default=50,
+        help="consecutive skipped steps that count as persistent overflow",
+    )
+    train.add_argument(
+        "--workers", type=_positive_int, default=1, help="data-parallel processes on this machine, launched with msrun"
+    )
     train.add_argument("--output", default=None, help="output folder (default: runs/train-MODEL-PRECISION)")
 
-    compare = commands.add_parser("compare", help="fp32 vs fp16 without, with fixed and with dynamic scaling",
-                                  formatter_class=_Formatter,
-                                  description="Train fp32, fp16 without scaling, fp16 with a fixed scale and fp16 "
-                                              "with dynamic scaling on the same seed and data.")
+    compare = commands.add_parser(
+        "compare",
+        help="fp32 vs fp16 without, with fixed and with dynamic scaling",
+        formatter_class=_Formatter,
+        description="Train fp32, fp16 without scaling, fp16 with a fixed scale and fp16 "
+        "with dynamic scaling on the same seed and data.",
+    )
     _add_model_and_data(compare, COMPARE_DEFAULTS)
-    compare.add_argument("--precision", default=COMPARE_DEFAULTS["precision"], choices=FP16_PRECISIONS,
-                         help="the fp16 level of the three fp16 runs (the first run is always fp32)")
-    compare.add_argument("--fixed-scale", type=_scale_value, default=COMPARE_DEFAULTS["fixed_scale"],
-                         help="the scale of the fixed-scale run")
-    compare.add_argument("--scale-window", type=_positive_int, default=DEFAULTS["scale_window"],
-                         help="clean steps before the dynamic scale grows")
+    compare.add_argument(
+        "--precision",
+        default=COMPARE_DEFAULTS["precision"],
+        choices=FP16_PRECISIONS,
+        help="the fp16 level of the three fp16 runs (the first run is always fp32)",
+    )
+    compare.add_argument(
+        "--fixed-scale",
+        type=_scale_value,
+        default=COMPARE_DEFAULTS["fixed_scale"],
+        help="the scale of the fixed-scale run",
+    )
+    compare.add_argument(
+        "--scale-window",
+        type=_positive_int,
+        default=DEFAULTS["scale_window"],
+        help="clean steps before the dynamic scale grows",
+    )
     _add_training(compare, COMPARE_DEFAULTS["epochs"])
     compare.add_argument("--output", default=None, help="output folder (default: runs/compare-MODEL)")
-    compare.add_argument("--results", default=None, metavar="PAGE.md",
-                         help="also write the results page (markdown, with its figures in images/ next to it), "
-                              "as docs/results.md is made")
+    compare.add_argument(
+        "--results",
+        default=None,
+        metavar="PAGE.md",
+        help="also write the results page (markdown, with its figures in images/ next to it), "
+        "as docs/results.md is made",
+    )
 
-    inspect = commands.add_parser("inspect", help="gradient magnitudes against the float16 range",
-                                  formatter_class=_Formatter,
-                                  description="Where the fp32 weight gradients fall in the float16 range at a loss "
-                                              "scale, and the largest scale without overflow.")
+    inspect = commands.add_parser(
+        "inspect",
+        help="gradient magnitudes against the float16 range",
+        formatter_class=_Formatter,
+        description="Where the fp32 weight gradients fall in the float16 range at a loss "
+        "scale, and the largest scale without overflow.",
+    )
     _add_model_and_data(inspect, DEFAULTS)
-    inspect.add_argument("--precision", default="O3", choices=FP16_PRECISIONS,
-                         help="the fp16 level whose gradients are measured at --scale")
+    inspect.add_argument(
+        "--precision",
+        default="O3",
+        choices=FP16_PRECISIONS,
+        help="the fp16 level whose gradients are measured at --scale",
+    )
     inspect.add_argument("--scale", type=_probe_scale, default=1.0, help="loss scale to evaluate")
     inspect.add_argument("--batches", type=_positive_int, default=4, help="training batches to sample")
-    _add_training(inspect, 0, "train in fp32 for this many epochs first, measuring the largest scale without "
-                  "overflow at the start and after every epoch (0: the untrained network only)",
-                  "Adam learning rate of the training with --epochs")
+    _add_training(
+        inspect,
+        0,
+        "train in fp32 for this many epochs first, measuring the largest scale without "
+        "overflow at the start and after every epoch (0: the untrained network only)",
+        "Adam learning rate of the training with --epochs",
+    )
     inspect.add_argument("--output", default=None, help="output folder (default: runs/inspect-MODEL)")
     return parser

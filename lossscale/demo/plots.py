@@ -3,6 +3,7 @@
 Each function returns the path written, or raises :class:`PlotUnavailable` with
 a one-line explanation when matplotlib is missing.
 """
+
 import math
 
 from lossscale.demo.diagnostics import FP16_MAX, FP16_MIN_NORMAL, FP16_MIN_SUBNORMAL
@@ -19,8 +20,9 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise PlotUnavailable("matplotlib is not installed; no PNG written "
-                              "(pip install \"lossscale[plot]\" to get plots)") from error
+        raise PlotUnavailable(
+            'matplotlib is not installed; no PNG written (pip install "lossscale[plot]" to get plots)'
+        ) from error
     return plt
 
 
@@ -35,8 +37,14 @@ def _draw_scale(axis, records, label=None, color=None):
     axis.step([r["step"] for r in drawn], [r["loss_scale"] for r in drawn], where="post", label=label, color=color)
     skipped = [r for r in drawn if r["overflow"]]
     if skipped:
-        axis.plot([r["step"] for r in skipped], [r["loss_scale"] for r in skipped], "x", color=color or "red",
-                  markersize=4, label=None if label else "overflow (step skipped)")
+        axis.plot(
+            [r["step"] for r in skipped],
+            [r["loss_scale"] for r in skipped],
+            "x",
+            color=color or "red",
+            markersize=4,
+            label=None if label else "overflow (step skipped)",
+        )
     if drawn:
         axis.set_yscale("log", base=2)
     axis.set_ylabel("loss scale")
@@ -101,10 +109,20 @@ def plot_histogram(log2_magnitudes, scale, path, title):
     shift = math.log2(scale)
     figure, axis = plt.subplots(figsize=(9, 4.5))
     axis.hist([v + shift for v in log2_magnitudes], bins=120, color="tab:blue", alpha=0.8)
-    axis.axvspan(min(min(log2_magnitudes) + shift, -40), math.log2(FP16_MIN_SUBNORMAL) - 1, color="red",
-                 alpha=0.12, label="flushed to zero in fp16")
-    axis.axvspan(math.log2(FP16_MIN_SUBNORMAL) - 1, math.log2(FP16_MIN_NORMAL), color="orange", alpha=0.12,
-                 label="fp16 subnormal (precision lost)")
+    axis.axvspan(
+        min(min(log2_magnitudes) + shift, -40),
+        math.log2(FP16_MIN_SUBNORMAL) - 1,
+        color="red",
+        alpha=0.12,
+        label="flushed to zero in fp16",
+    )
+    axis.axvspan(
+        math.log2(FP16_MIN_SUBNORMAL) - 1,
+        math.log2(FP16_MIN_NORMAL),
+        color="orange",
+        alpha=0.12,
+        label="fp16 subnormal (precision lost)",
+    )
     axis.axvline(math.log2(FP16_MAX), color="black", linestyle="--", label="fp16 max (65504)")
     axis.set_xlabel(f"log2 |gradient x scale|   (scale = 2^{shift:g})")
     axis.set_ylabel("elements")

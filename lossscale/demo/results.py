@@ -5,6 +5,7 @@ verdict, the dynamic scale's trajectory, the gradient measurements at the initia
 two figures (``images/compare.png``, ``images/inspect-<model>.png`` next to the page). The page
 names the command that made it, so rerunning that command regenerates it; the tests rerun it.
 """
+
 import argparse
 import datetime
 import os
@@ -28,9 +29,11 @@ TEST_IMAGES = 359
 
 def command_line(args, page):
     """The ``compare`` command that reproduces ``args``, writing the page to ``page``."""
-    return (f"python -m lossscale compare --model {args.model} --precision {args.precision} --epochs {args.epochs} "
-            f"--batch-size {args.batch_size} --lr {args.lr:g} --seed {args.seed} --loss-weight {args.loss_weight:g} "
-            f"--fixed-scale {args.fixed_scale:g} --scale-window {args.scale_window} --results {page}")
+    return (
+        f"python -m lossscale compare --model {args.model} --precision {args.precision} --epochs {args.epochs} "
+        f"--batch-size {args.batch_size} --lr {args.lr:g} --seed {args.seed} --loss-weight {args.loss_weight:g} "
+        f"--fixed-scale {args.fixed_scale:g} --scale-window {args.scale_window} --results {page}"
+    )
 
 
 def machine_description():
@@ -52,28 +55,36 @@ def machine_description():
             versions.append(f"{package} {metadata.version(package)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{package} (not installed)")
-    return (f"{os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}, {', '.join(versions)}, "
-            f"{platform.system()}")
+    return (
+        f"{os.cpu_count()} CPU cores ({cpu}), Python {platform.python_version()}, {', '.join(versions)}, "
+        f"{platform.system()}"
+    )
 
 
 def _comparison_rows(runs):
-    rows = ["| run | test acc % | final loss | grad lost % | skipped steps | scale (first -> last) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| run | test acc % | final loss | grad lost % | skipped steps | scale (first -> last) |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, result in runs:
         summary = result["summary"]
         scales = f"{format_scale(result['records'][0]['loss_scale'])} -> {format_scale(summary['final_loss_scale'])}"
-        rows.append(f"| {label} | {100 * result['test_accuracy']:.2f} | "
-                    f"{result['final_loss'] / result['config']['loss_weight']:.4f} | "
-                    f"{100 * result['gradient_lost_fraction']:.3f} | {summary['skipped_steps']} of {summary['steps']} "
-                    f"| {scales} |")
+        rows.append(
+            f"| {label} | {100 * result['test_accuracy']:.2f} | "
+            f"{result['final_loss'] / result['config']['loss_weight']:.4f} | "
+            f"{100 * result['gradient_lost_fraction']:.3f} | {summary['skipped_steps']} of {summary['steps']} "
+            f"| {scales} |"
+        )
     return rows
 
 
 def _inspect_rows(measurements, precision):
     rows = [f"| loss scale | flushed to zero in fp16 | subnormal | measured lost in {precision} |", "|---|---|---|---|"]
     for scale, report, lost in measurements:
-        rows.append(f"| {format_scale(scale)} | {100 * report['flushed']:.2f}% | {100 * report['subnormal']:.2f}% | "
-                    f"{100 * lost:.2f}% |")
+        rows.append(
+            f"| {format_scale(scale)} | {100 * report['flushed']:.2f}% | {100 * report['subnormal']:.2f}% | "
+            f"{100 * lost:.2f}% |"
+        )
     return rows
 
 
@@ -136,15 +147,16 @@ def render_page(args, runs, measurements, page, machine, date):
         "",
         *_comparison_rows(runs),
         "",
-        "\"grad lost\" is the fraction of gradient elements that are zero in the run's precision but",
-        "nonzero in fp32, at the run's final weights and final scale, on 4 training batches. \"final loss\"",
+        '"grad lost" is the fraction of gradient elements that are zero in the run\'s precision but',
+        'nonzero in fp32, at the run\'s final weights and final scale, on 4 training batches. "final loss"',
         "is the last training loss divided by the loss weight.",
         "",
         f"**{comparison_verdict(runs)}.** Without scaling, fp16 ends at "
         f"{100 * unscaled['test_accuracy']:.2f}% and loses {100 * unscaled['gradient_lost_fraction']:.1f}% of the "
         f"gradient elements at its final weights (fp32: {100 * fp32['test_accuracy']:.2f}%). The dynamic scale "
         f"went from {format_scale(dynamic['records'][0]['loss_scale'])} to "
-        f"{format_scale(dynamic_summary['final_loss_scale'])} (between {format_scale(dynamic_summary['min_loss_scale'])} "
+        f"{format_scale(dynamic_summary['final_loss_scale'])} "
+        f"(between {format_scale(dynamic_summary['min_loss_scale'])} "
         f"and {format_scale(dynamic_summary['max_loss_scale'])}), skipping {dynamic_summary['skipped_steps']} of "
         f"{dynamic_summary['steps']} steps.",
         "",
@@ -178,14 +190,20 @@ def write_results_page(args, runs, page):
     measurements, reference = measure_initial_gradients(args)
     magnitudes = np.abs(np.concatenate([g.ravel() for g in reference]))
     try:
-        plots.plot_histogram(np.log2(magnitudes[magnitudes > 0]), 1.0, os.path.join(images, f"inspect-{args.model}.png"),
-                       f"{args.model}: fp32 weight gradients at the initial weights vs the float16 range")
-        plots.plot_comparison({label: _unweighted(result) for label, result in runs}, os.path.join(images, "compare.png"),
-                        f"{args.model}: fp32 vs fp16 ({args.precision}) loss scaling")
+        plots.plot_histogram(
+            np.log2(magnitudes[magnitudes > 0]),
+            1.0,
+            os.path.join(images, f"inspect-{args.model}.png"),
+            f"{args.model}: fp32 weight gradients at the initial weights vs the float16 range",
+        )
+        plots.plot_comparison(
+            {label: _unweighted(result) for label, result in runs},
+            os.path.join(images, "compare.png"),
+            f"{args.model}: fp32 vs fp16 ({args.precision}) loss scaling",
+        )
     except plots.PlotUnavailable as reason:
         print(f"plot: {reason}", file=sys.stderr)
-    text = render_page(args, runs, measurements, page, machine_description(),
-                       datetime.date.today().isoformat())
+    text = render_page(args, runs, measurements, page, machine_description(), datetime.date.today().isoformat())
     with open(page, "w", encoding="utf-8") as handle:
         handle.write(text)
     return page

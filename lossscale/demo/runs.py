@@ -1,6 +1,7 @@
 """One training run of the demo (``train``, and each run of ``compare``): the reference model on the digits
 data, with a progress bar, the monitor's records and timings; and what the command line says about it.
 """
+
 import json
 import os
 import sys
@@ -14,8 +15,16 @@ from tqdm import tqdm
 
 from lossscale.core._text import format_scale, plural
 from lossscale.demo import msrun, plots
-from lossscale.demo.options import (EXIT_OK, PRECISIONS, CliError, TrainingStalled, _check_model, _refuse_empty_epoch,
-                                    parse_loss_scale, prepare_output)
+from lossscale.demo.options import (
+    EXIT_OK,
+    PRECISIONS,
+    CliError,
+    TrainingStalled,
+    _check_model,
+    _refuse_empty_epoch,
+    parse_loss_scale,
+    prepare_output,
+)
 from lossscale.training.bookkeeping import PERSISTENT_OVERFLOW_ADVICE, PersistentOverflowError
 from lossscale.training.integration import Model
 from lossscale.training.monitor import LossScaleMonitor
@@ -35,13 +44,23 @@ def _progress_callback(monitor, steps_per_epoch, epochs, enabled, loss_weight):
 
         def on_train_epoch_begin(self, run_context):
             epoch = run_context.original_args().cur_epoch_num
-            self.bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{epochs}", unit="step",
-                            disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=steps_per_epoch,
+                desc=f"epoch {epoch}/{epochs}",
+                unit="step",
+                disable=not enabled,
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
 
         def on_train_step_end(self, run_context):
             last = monitor.records[-1]
-            self.bar.set_postfix(loss=f"{last['loss'] / loss_weight:.4f}", scale=format_scale(last["next_loss_scale"]),
-                                 skipped=last["skipped_steps"], refresh=False)
+            self.bar.set_postfix(
+                loss=f"{last['loss'] / loss_weight:.4f}",
+                scale=format_scale(last["next_loss_scale"]),
+                skipped=last["skipped_steps"],
+                refresh=False,
+            )
             self.bar.update(1)
 
         def on_train_epoch_end(self, run_context):
@@ -77,6 +96,7 @@ def _step_timer():
 
 def _epoch_probe(callback):
     """A MindSpore callback calling ``callback(epoch)`` at the end of every epoch."""
+
     class EpochProbe(Callback):
         def on_train_epoch_end(self, run_context):
             callback(run_context.original_args().cur_epoch_num)
@@ -86,6 +106,7 @@ def _epoch_probe(callback):
 
 def _weighted_loss(loss_weight):
     """Softmax cross-entropy (mean over the batch) multiplied by ``loss_weight``."""
+
     class WeightedCrossEntropy(nn.Cell):
         def __init__(self):
             super().__init__()
@@ -95,15 +116,17 @@ def _weighted_loss(loss_weight):
         def construct(self, logits, labels):
             return self.base(logits, labels) * self.weight
 
-    return WeightedCrossEntropy() if loss_weight != 1.0 else nn.SoftmaxCrossEntropyWithLogits(sparse=True,
-                                                                                             reduction="mean")
+    return (
+        WeightedCrossEntropy()
+        if loss_weight != 1.0
+        else nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    )
 
 
 def _copy_of(model_name, network):
     """A freshly built ``model_name`` holding ``network``'s current weights."""
     copy = create_model(model_name)
-    ms.load_param_into_net(copy, {p.name: ms.Parameter(p.data.copy(), name=p.name)
-                                  for p in network.get_parameters()})
+    ms.load_param_into_net(copy, {p.name: ms.Parameter(p.data.copy(), name=p.name) for p in network.get_parameters()})
     return copy
 
 
@@ -114,9 +137,23 @@ def _first_training_batches(batch_size, layout, count):
     return [batch for _, batch in zip(range(count), data.create_tuple_iterator())]
 
 
-def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6, batch_size=32, lr=1e-3, seed=0,
-                 scale_window=100, loss_weight=1.0, progress=True, print_summary=True, shard=None,
-                 overflow_policy="skip", max_consecutive_overflows=None, epoch_callback=None):
+def run_training(
+    model="lenet5",
+    precision="O2",
+    loss_scale="dynamic",
+    epochs=6,
+    batch_size=32,
+    lr=1e-3,
+    seed=0,
+    scale_window=100,
+    loss_weight=1.0,
+    progress=True,
+    print_summary=True,
+    shard=None,
+    overflow_policy="skip",
+    max_consecutive_overflows=None,
+    epoch_callback=None,
+):
     """Train one configuration on the digits data and return a result dict (also the CLI's engine).
 
     Keys: ``config``, ``records`` (per-step monitor rows), ``summary`` (monitor totals),
@@ -131,15 +168,24 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     images, labels = load_digits()
     (x_train, y_train), (x_test, y_test) = train_test_split(images, labels, seed=0)
     network = create_model(model)
-    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed,
-                              shard=shard)
+    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed, shard=shard)
     steps_per_epoch = train_data.get_dataset_size()
     _refuse_empty_epoch(batch_size, len(y_train), 1 if shard is None else shard[1], steps_per_epoch)
     optimizer = nn.Adam(network.trainable_params(), learning_rate=lr)
-    policy = {} if overflow_policy == "skip" else {"overflow_policy": overflow_policy,
-                                                   "max_consecutive_overflows": max_consecutive_overflows}
-    trained = Model(network, _weighted_loss(loss_weight), optimizer, metrics={"accuracy": Accuracy()},
-                    amp_level=PRECISIONS[precision], loss_scale_manager=manager_factory(), **policy)
+    policy = (
+        {}
+        if overflow_policy == "skip"
+        else {"overflow_policy": overflow_policy, "max_consecutive_overflows": max_consecutive_overflows}
+    )
+    trained = Model(
+        network,
+        _weighted_loss(loss_weight),
+        optimizer,
+        metrics={"accuracy": Accuracy()},
+        amp_level=PRECISIONS[precision],
+        loss_scale_manager=manager_factory(),
+        **policy,
+    )
     monitor = LossScaleMonitor(print_summary=False)
     timer = _step_timer()
     callbacks = [monitor, _progress_callback(monitor, steps_per_epoch, epochs, progress, loss_weight), timer]
@@ -155,9 +201,17 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
     if print_summary:
         print(monitor.format_summary())
     return {
-        "config": {"model": model, "precision": precision, "loss_scale": label, "epochs": epochs,
-                   "batch_size": batch_size, "lr": lr, "seed": seed, "scale_window": scale_window,
-                   "loss_weight": loss_weight},
+        "config": {
+            "model": model,
+            "precision": precision,
+            "loss_scale": label,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "scale_window": scale_window,
+            "loss_weight": loss_weight,
+        },
         "records": monitor.records,
         "summary": summary,
         "test_accuracy": accuracy,
@@ -170,15 +224,18 @@ def run_training(model="lenet5", precision="O2", loss_scale="dynamic", epochs=6,
 
 
 # What to try when overflow stalls training, in the command line's own options.
-CLI_OVERFLOW_ADVICE = ("Try: lossscale inspect (where the gradients fall in the float16 range), a lower --lr, "
-                       "--loss-scale dynamic or a smaller fixed:S, or --precision fp32 to compare.")
+CLI_OVERFLOW_ADVICE = (
+    "Try: lossscale inspect (where the gradients fall in the float16 range), a lower --lr, "
+    "--loss-scale dynamic or a smaller fixed:S, or --precision fp32 to compare."
+)
 
 
 def command_line_advice(message):
     """A library message about persistent overflow with its advice and its argument names (the library's)
     replaced by the command line's (:data:`CLI_OVERFLOW_ADVICE`, ``--max-consecutive-overflows``)."""
     return message.replace(PERSISTENT_OVERFLOW_ADVICE, CLI_OVERFLOW_ADVICE).replace(
-        "(max_consecutive_overflows=", "(--max-consecutive-overflows ")
+        "(max_consecutive_overflows=", "(--max-consecutive-overflows "
+    )
 
 
 def nothing_trained(result):
@@ -186,13 +243,16 @@ def nothing_trained(result):
 
     Example:
         >>> print(nothing_trained({"records": [{"overflow": True}]}))
-        nothing was trained: the 1 step overflowed and was skipped. Try: lossscale inspect (where the gradients fall in the float16 range), a lower --lr, --loss-scale dynamic or a smaller fixed:S, or --precision fp32 to compare.
+        nothing was trained: the 1 step overflowed and was skipped. Try: lossscale inspect (where the gradients ...
     """
     flags = [record["overflow"] for record in result["records"]]
     if not flags or not all(flags):
         return None
-    steps = "the 1 step overflowed and was skipped" if len(flags) == 1 else (
-        f"all {len(flags)} steps overflowed and were skipped")
+    steps = (
+        "the 1 step overflowed and was skipped"
+        if len(flags) == 1
+        else (f"all {len(flags)} steps overflowed and were skipped")
+    )
     return f"nothing was trained: {steps}. {CLI_OVERFLOW_ADVICE}"
 
 
@@ -207,25 +267,28 @@ def stall_warning(result):
     Example:
         >>> records = [{"overflow": flag} for flag in [True] * 3 + [False, True, True] * 3]
         >>> print(stall_warning({"records": records, "config": {"loss_scale": "fixed:524288"}}))
-        WARNING: overflow stalled training: 9 of 12 steps (75%) were skipped, so the weights were updated on 3 steps only. The scale fixed:524288 is too large for this model's gradients: use --loss-scale dynamic, a smaller fixed scale, or lossscale inspect --epochs N to measure one.
+        WARNING: overflow stalled training: 9 of 12 steps (75%) were skipped, so the weights were updated on 3 ...
     """
     flags = [record["overflow"] for record in result["records"]]
     skipped = sum(flags)
     if False not in flags:
         return None  # nothing applied, or nothing run: nothing_trained() says so
-    later = flags[flags.index(False):]
+    later = flags[flags.index(False) :]
     if sum(later) < max(5, STALLED_SHARE * len(later)):
         return None
     label = result["config"]["loss_scale"]
     if label.startswith("fixed:"):
-        advice = (f"The scale {label} is too large for this model's gradients: use --loss-scale dynamic, a smaller "
-                  f"fixed scale, or lossscale inspect --epochs N to measure one.")
+        advice = (
+            f"The scale {label} is too large for this model's gradients: use --loss-scale dynamic, a smaller "
+            f"fixed scale, or lossscale inspect --epochs N to measure one."
+        )
     else:
-        advice = ("Look for inf/nan in the data or the model (a lower --lr often helps), or train in fp32 to "
-                  "compare.")
-    return (f"WARNING: overflow stalled training: {skipped} of {plural(len(flags), 'step')} "
-            f"({100 * skipped / len(flags):.0f}%) were skipped, so the weights were updated on "
-            f"{plural(len(flags) - skipped, 'step')} only. {advice}")
+        advice = "Look for inf/nan in the data or the model (a lower --lr often helps), or train in fp32 to compare."
+    return (
+        f"WARNING: overflow stalled training: {skipped} of {plural(len(flags), 'step')} "
+        f"({100 * skipped / len(flags):.0f}%) were skipped, so the weights were updated on "
+        f"{plural(len(flags) - skipped, 'step')} only. {advice}"
+    )
 
 
 def _unweighted(result):
@@ -257,6 +320,7 @@ def _try_plot(function, *args):
 
 # ---- the train command ---------------------------------------------------------------------------
 
+
 def launch_workers(args, output):
     """Re-run this command under msrun with ``args.workers`` processes; print rank 0's report."""
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "__main__.py")
@@ -277,8 +341,11 @@ def launch_workers(args, output):
 
 def command_train(args):
     parse_loss_scale(args.loss_scale, args.scale_window)
-    output = prepare_output(args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"), "train",
-                            announce=not msrun.launched_by_us())
+    output = prepare_output(
+        args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"),
+        "train",
+        announce=not msrun.launched_by_us(),
+    )
     shard, rank = None, 0
     if args.workers > 1:
         if not msrun.inside_msrun():
@@ -288,11 +355,21 @@ def command_train(args):
         rank, size = msrun.init_data_parallel()
         shard = (rank, size)
         print(f"rank {rank} of {size}: per-rank batch {args.batch_size}, global batch {args.batch_size * size}")
-    result = run_training(args.model, args.precision, args.loss_scale, args.epochs, args.batch_size, args.lr,
-                          args.seed, args.scale_window, args.loss_weight,
-                          progress=not args.no_progress and rank == 0, shard=shard,
-                          overflow_policy=args.overflow_policy,
-                          max_consecutive_overflows=args.max_consecutive_overflows)
+    result = run_training(
+        args.model,
+        args.precision,
+        args.loss_scale,
+        args.epochs,
+        args.batch_size,
+        args.lr,
+        args.seed,
+        args.scale_window,
+        args.loss_weight,
+        progress=not args.no_progress and rank == 0,
+        shard=shard,
+        overflow_policy=args.overflow_policy,
+        max_consecutive_overflows=args.max_consecutive_overflows,
+    )
     if rank != 0:
         return EXIT_OK
     monitor = LossScaleMonitor(print_summary=False)
@@ -303,8 +380,10 @@ def command_train(args):
     _write_json(os.path.join(output, "summary.json"), dict(_public(result), stalled_by_overflow=stalled))
     config = result["config"]
     final_loss = result["final_loss"] / config["loss_weight"] if result["final_loss"] is not None else float("nan")
-    print(f"test accuracy: {100 * result['test_accuracy']:.2f}%   final loss: {final_loss:.4f}   "
-          f"time/step: {1e3 * result['seconds_per_step']:.2f} ms")
+    print(
+        f"test accuracy: {100 * result['test_accuracy']:.2f}%   final loss: {final_loss:.4f}   "
+        f"time/step: {1e3 * result['seconds_per_step']:.2f} ms"
+    )
     print(f"metrics: {os.path.join(output, 'metrics.csv')}  summary: {os.path.join(output, 'summary.json')}")
     title = f"{config['model']} {config['precision']} loss scale {config['loss_scale']}"
     _try_plot(plots.plot_training, _unweighted(result), os.path.join(output, "training.png"), title)

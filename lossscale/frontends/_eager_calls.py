@@ -27,6 +27,7 @@ Example:
     >>> [g.asnumpy().tolist() for g in calls.run(doubler.doubled, (Tensor(np.ones(2, np.float32)),), 2.0)]
     [[2.0, 2.0]]
 """
+
 import mindspore as ms
 from mindspore import Tensor, nn
 

@@ -55,6 +55,7 @@ reduced by the user (e.g. ``nn.DistributedGradReducer``), before ``unscale_`` or
 learning-rate schedule indexed by the optimizer's step (a MindSpore ``nn`` optimizer's) does not
 advance; a scheduler stepped from Python every iteration advances anyway, as in PyTorch.
 """
+
 import inspect
 from collections.abc import Mapping
 
@@ -70,19 +71,27 @@ from lossscale.core.policy import LossScaleState
 from lossscale.core.presets import get_preset
 from lossscale.core.scaler import LossScaler, refuse_bfloat16_on_cpu, refuse_non_gradients
 from lossscale.frontends._eager_calls import CompiledCalls
-from lossscale.frontends.iteration import (IterationGraph, checked_new_scale, new_scale_in_graph,
-                                           refuse_host_call_in_graph, refuse_loss_scale_optimizer,
-                                           refuse_optimizer_loss_scale, refuse_optimizer_without_parameters)
+from lossscale.frontends.iteration import (
+    IterationGraph,
+    checked_new_scale,
+    new_scale_in_graph,
+    refuse_host_call_in_graph,
+    refuse_loss_scale_optimizer,
+    refuse_optimizer_loss_scale,
+    refuse_optimizer_without_parameters,
+)
 from lossscale.frontends.optimizer_states import OptimizerStates
 from lossscale.frontends.rules import as_policy, framework_rule, parse_state, state_dict_of
 from lossscale.frontends.spelling import PADDLE, RULE_FIELDS, TORCH, spelling_of
 
 # What the generated accessors say about each field of the rule.
-_FIELD_DOCS = {"init_scale": "the initial scale (setting it also sets the current scale, as Paddle does)",
-               "growth_factor": "the growth multiplier (> 1)", "backoff_factor": "the backoff multiplier, in (0, 1)",
-               "growth_interval": "the consecutive clean steps per growth (>= 1; a longer count is clipped to a "
-                                  "new window)",
-               "hysteresis": "the consecutive bad steps per backoff (>= 1)"}
+_FIELD_DOCS = {
+    "init_scale": "the initial scale (setting it also sets the current scale, as Paddle does)",
+    "growth_factor": "the growth multiplier (> 1)",
+    "backoff_factor": "the backoff multiplier, in (0, 1)",
+    "growth_interval": "the consecutive clean steps per growth (>= 1; a longer count is clipped to a new window)",
+    "hysteresis": "the consecutive bad steps per backoff (>= 1)",
+}
 
 
 @ms.jit_class
@@ -140,13 +149,17 @@ class GradScaler:
 
     def _setup(self, arguments):
         spelling = self.SPELLING
-        rule = {field: arguments[spelling.name_of(field)] for field in RULE_FIELDS
-                if spelling.name_of(field) in arguments}
+        rule = {
+            field: arguments[spelling.name_of(field)] for field in RULE_FIELDS if spelling.name_of(field) in arguments
+        }
         enabled = check_bool(spelling.enabled, arguments[spelling.enabled])
         dynamic = check_bool("use_dynamic_loss_scaling", arguments.get("use_dynamic_loss_scaling", True))
         if arguments["policy"] is not None:
-            changed = [spelling.name_of(field) for field, value in rule.items()
-                       if value != spelling.defaults[spelling.name_of(field)]]
+            changed = [
+                spelling.name_of(field)
+                for field, value in rule.items()
+                if value != spelling.defaults[spelling.name_of(field)]
+            ]
             if changed:
                 raise ValueError(f"give either 'policy' or the rule arguments ({', '.join(changed)}), not both.")
             self._policy = as_policy(arguments["policy"])
@@ -160,8 +173,9 @@ class GradScaler:
         self._calls = CompiledCalls()
         if enabled:
             prefix = claim_name(arguments["name"], self, "grad_scaler")
-            self._core = LossScaler(self._policy, name=prefix, overflow_check=arguments["overflow_check"],
-                                    mutable_rule=True)
+            self._core = LossScaler(
+                self._policy, name=prefix, overflow_check=arguments["overflow_check"], mutable_rule=True
+            )
             self._core.set_rule(dynamic=dynamic)
             self._states = OptimizerStates(prefix)
             self._iteration = IterationGraph(self._core, self._states)
@@ -263,8 +277,9 @@ class GradScaler:
         # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
         before = self._states.host_table()
         self._states.refuse_related_unscaled(before, slot, structure)
-        to_apply, skipped, code = self._run(self._iteration.step_decision, grads, slot, structure,
-                                            self._states.unscaled_in(before, slot))
+        to_apply, skipped, code = self._run(
+            self._iteration.step_decision, grads, slot, structure, self._states.unscaled_in(before, slot)
+        )
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             if before is None:
@@ -367,8 +382,9 @@ class GradScaler:
             state = None
             if "init_scale" in fields:  # as Paddle: the new initial scale is the current scale, counts kept
                 current = self.get_state()
-                state = LossScaleState(scale=policy.init_scale, good_steps=current.good_steps,
-                                       hysteresis_left=current.hysteresis_left)
+                state = LossScaleState(
+                    scale=policy.init_scale, good_steps=current.good_steps, hysteresis_left=current.hysteresis_left
+                )
             self._core.set_rule(policy, state)
         self._policy = policy
 
@@ -412,8 +428,9 @@ class GradScaler:
         """Pickle between iterations only (as PyTorch): the configuration and the state. An explicit ``name``
         comes back as given if no living scaler holds it (e.g. in a new process), else as ``name_1``, ..."""
         if self._enabled and not self._states.between_iterations():
-            raise RuntimeError("A GradScaler can only be pickled at the beginning of an iteration, or at the end "
-                               "after update().")
+            raise RuntimeError(
+                "A GradScaler can only be pickled at the beginning of an iteration, or at the end after update()."
+            )
         return {"config": self._config, "policy": self._policy, "state": self.state_dict()}
 
     def __setstate__(self, saved):
@@ -470,8 +487,9 @@ class TorchGradScaler(GradScaler):
 
     def _setup(self, arguments):
         if not isinstance(arguments["device"], str):
-            raise TypeError(f"'device' must be a str such as 'cuda' or 'cpu', but got "
-                            f"{type(arguments['device']).__name__}.")
+            raise TypeError(
+                f"'device' must be a str such as 'cuda' or 'cpu', but got {type(arguments['device']).__name__}."
+            )
         super()._setup(arguments)
 
     def _refuse_update(self):
@@ -481,13 +499,16 @@ class TorchGradScaler(GradScaler):
         """A fixed Paddle state is refused: PyTorch's scale is always dynamic, and PyTorch's state_dict() has no
         place for a fixed one, so a round trip would silently make it dynamic again."""
         if not dynamic:
-            raise ValueError("'state_dict['use_dynamic_loss_scaling']' is False, but a PyTorch GradScaler's scale is "
-                             "always dynamic: load a fixed Paddle state into a scaler of Paddle's spelling, "
-                             "GradScaler(init_loss_scaling=..., use_dynamic_loss_scaling=False).")
+            raise ValueError(
+                "'state_dict['use_dynamic_loss_scaling']' is False, but a PyTorch GradScaler's scale is "
+                "always dynamic: load a fixed Paddle state into a scaler of Paddle's spelling, "
+                "GradScaler(init_loss_scaling=..., use_dynamic_loss_scaling=False)."
+            )
 
 
 def _getter(name, field):
     """``get_<name>``: the rule's ``field`` (graph-readable)."""
+
     def get(self):
         return self._rule_value(field)
 
@@ -507,8 +528,9 @@ def _setter(name, field):
 
     set_value.__name__ = set_value.__qualname__ = method
     set_value.__doc__ = f"Set {_FIELD_DOCS[field]} (validated; nothing changes on error)."
-    set_value.__signature__ = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                                                 *signature.parameters.values()])
+    set_value.__signature__ = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *signature.parameters.values()]
+    )
     return set_value
 
 

@@ -5,6 +5,7 @@ compiled once per method when called from Python: :mod:`lossscale.frontends._eag
 per-optimizer state machine of :mod:`lossscale.frontends.optimizer_states`. The constexpr refusals raise
 while a compiled function is traced, or at the call from Python.
 """
+
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
@@ -20,23 +21,29 @@ from lossscale.frontends.optimizer_states import STAGE
 
 @constexpr
 def refuse_loss_scale_optimizer():
-    raise TypeError("'optimizer' is a LossScaleOptimizer, which scales the loss and unscales the gradients itself: "
-                    "give the GradScaler its inner_optimizer, or train with the LossScaleOptimizer alone.")
+    raise TypeError(
+        "'optimizer' is a LossScaleOptimizer, which scales the loss and unscales the gradients itself: "
+        "give the GradScaler its inner_optimizer, or train with the LossScaleOptimizer alone."
+    )
 
 
 @constexpr
 def refuse_optimizer_loss_scale(loss_scale):
     if float(loss_scale) != 1.0:
-        raise ValueError(f"'optimizer.loss_scale' is {float(loss_scale)!r}: the optimizer would divide the gradients "
-                         f"the scaler already unscaled a second time. Build it without 'loss_scale'.")
+        raise ValueError(
+            f"'optimizer.loss_scale' is {float(loss_scale)!r}: the optimizer would divide the gradients "
+            f"the scaler already unscaled a second time. Build it without 'loss_scale'."
+        )
     return True
 
 
 @constexpr
 def refuse_optimizer_without_parameters():
-    raise TypeError("'optimizer' must hold its Parameters in 'parameters', as mindspore.nn.Optimizer and the "
-                    "mindspore.experimental.optim / mint.optim optimizers do (and MindSpore's train cells need): step() "
-                    "checks the gradients against them. Give your optimizer Cell a 'parameters' tuple.")
+    raise TypeError(
+        "'optimizer' must hold its Parameters in 'parameters', as mindspore.nn.Optimizer and the "
+        "mindspore.experimental.optim / mint.optim optimizers do (and MindSpore's train cells need): step() "
+        "checks the gradients against them. Give your optimizer Cell a 'parameters' tuple."
+    )
 
 
 @constexpr
@@ -52,9 +59,11 @@ def checked_new_scale(value, low, high):
 def refuse_host_call_in_graph(method, from_python):
     """RuntimeError while tracing a compiled function that calls a host method (``from_python`` False)."""
     if not from_python:
-        raise RuntimeError(f"GradScaler.{method} reads or writes the scaler's state from Python (a host call): call it "
-                           f"outside mindspore.jit, between iterations. Steps compiled before it see what it "
-                           f"changes; inside a compiled function read the scale with get_scale().")
+        raise RuntimeError(
+            f"GradScaler.{method} reads or writes the scaler's state from Python (a host call): call it "
+            f"outside mindspore.jit, between iterations. Steps compiled before it see what it "
+            f"changes; inside a compiled function read the scale with get_scale()."
+        )
     return True
 
 
@@ -74,8 +83,9 @@ def new_scale_in_graph(value, low, high):
     valid = ops.logical_and(valid, ops.logical_and(value > 0.0, value <= high))
     valid = ops.logical_and(valid, value >= low)
     if ops.logical_not(valid):
-        raise ValueError(f"'new_scale' must be a finite float32 number in [{low}, {high}] (and > 0) whose "
-                         f"reciprocal is finite.")
+        raise ValueError(
+            f"'new_scale' must be a finite float32 number in [{low}, {high}] (and > 0) whose reciprocal is finite."
+        )
     return value
 
 
@@ -103,8 +113,9 @@ class IterationGraph:
         column = self._states.column(slot)
         seen = _overflow.fingerprint(self._hyper_map, grads)
         unscaled = self._core.unscale(grads)
-        recorded = self._states.record_unscale(slot, column, self.decide(unscaled), seen, structure,
-                                               global_norm(self._hyper_map, unscaled))
+        recorded = self._states.record_unscale(
+            slot, column, self.decide(unscaled), seen, structure, global_norm(self._hyper_map, unscaled)
+        )
         return ops.depend(unscaled, recorded), ops.depend(column[STAGE], recorded)
 
     def decide(self, unscaled):
@@ -123,8 +134,9 @@ class IterationGraph:
             seen = _overflow.fingerprint(self._hyper_map, grads)
             nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
             found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
-            code = self._states.scaled_gradients_code(column, seen, global_norm(self._hyper_map, grads),
-                                                      self._core.scale_value)
+            code = self._states.scaled_gradients_code(
+                column, seen, global_norm(self._hyper_map, grads), self._core.scale_value
+            )
             to_apply = grads
         else:
             to_apply = self._core.unscale(grads)

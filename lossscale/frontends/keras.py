@@ -30,10 +30,11 @@ makes nan): the inner optimizer is not called, so weights and moments do not cha
 tf.keras its step counter (``global_step``, Keras' ``iterations``) still advances, so
 learning-rate schedules keep their pace.
 """
+
 import functools
+import numbers
 import re
 import weakref
-import numbers
 
 import mindspore as ms
 import numpy as np
@@ -41,32 +42,57 @@ from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
-from lossscale.core._optimizers import is_parameter_optimizer
 from lossscale.core._naming import claim_name
+from lossscale.core._optimizers import is_parameter_optimizer
 from lossscale.core._parameters import outside_graph, read_scalar, write_parameter
 from lossscale.core._validation import TypeValueError, check_int_in_range
 from lossscale.core._warnings import warn_at_caller
 from lossscale.core.parallel import gradient_reducer
 from lossscale.core.policy import build_policy
 from lossscale.core.presets import get_preset
-from lossscale.core.scaler import (LossScaler, check_optimizer_loss_scale, positive_scale, refuse_bfloat16_on_cpu,
-                              refuse_non_gradients, refuse_non_sequence, refuse_non_tensor_entries,
-                              warn_if_scaled_outside_differentiation)
+from lossscale.core.scaler import (
+    LossScaler,
+    check_optimizer_loss_scale,
+    positive_scale,
+    refuse_bfloat16_on_cpu,
+    refuse_non_gradients,
+    refuse_non_sequence,
+    refuse_non_tensor_entries,
+    warn_if_scaled_outside_differentiation,
+)
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
-_INNER_OPTIMIZER_ARGUMENTS = ("weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema", "ema_momentum",
-                              "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps")
+_INNER_OPTIMIZER_ARGUMENTS = (
+    "weight_decay",
+    "clipnorm",
+    "global_clipnorm",
+    "clipvalue",
+    "use_ema",
+    "ema_momentum",
+    "ema_overwrite_frequency",
+    "loss_scale_factor",
+    "gradient_accumulation_steps",
+)
 
 
-_KERAS_SERIALIZATION = (" A MindSpore optimizer holds its Parameters, so it is not rebuilt from a config: keep the "
-                        "object, and save and restore its state with mindspore.save_checkpoint(opt, path) and "
-                        "mindspore.load_param_into_net(opt, mindspore.load_checkpoint(path)).")
-_KERAS_WEIGHTS = (" A MindSpore optimizer's state is its Parameters: opt.get_parameters() (the scale: opt.loss_scale), "
-                  "saved with mindspore.save_checkpoint and restored with mindspore.load_param_into_net.")
+_KERAS_SERIALIZATION = (
+    " A MindSpore optimizer holds its Parameters, so it is not rebuilt from a config: keep the "
+    "object, and save and restore its state with mindspore.save_checkpoint(opt, path) and "
+    "mindspore.load_param_into_net(opt, mindspore.load_checkpoint(path))."
+)
+_KERAS_WEIGHTS = (
+    " A MindSpore optimizer's state is its Parameters: opt.get_parameters() (the scale: opt.loss_scale), "
+    "saved with mindspore.save_checkpoint and restored with mindspore.load_param_into_net."
+)
 # Keras optimizer methods without a MindSpore counterpart: what to do instead.
-_KERAS_ONLY = {"get_config": _KERAS_SERIALIZATION, "from_config": _KERAS_SERIALIZATION, "get_weights": _KERAS_WEIGHTS,
-               "set_weights": _KERAS_WEIGHTS, "variables": _KERAS_WEIGHTS}
+_KERAS_ONLY = {
+    "get_config": _KERAS_SERIALIZATION,
+    "from_config": _KERAS_SERIALIZATION,
+    "get_weights": _KERAS_WEIGHTS,
+    "set_weights": _KERAS_WEIGHTS,
+    "variables": _KERAS_WEIGHTS,
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,9 +106,11 @@ def _pytorch_style_hint(optimizer):
     """What to use instead of a PyTorch-style optimizer (``mindspore.experimental.optim``, ``mint.optim``)."""
     if not is_parameter_optimizer(optimizer):
         return ""
-    return (" MindSpore's PyTorch-style optimizers (mindspore.experimental.optim, mint.optim) have no global_step "
-            "(Keras' iterations, which a skipped step advances): use lossscale.GradScaler with them, or the "
-            "train cell.")
+    return (
+        " MindSpore's PyTorch-style optimizers (mindspore.experimental.optim, mint.optim) have no global_step "
+        "(Keras' iterations, which a skipped step advances): use lossscale.GradScaler with them, or the "
+        "train cell."
+    )
 
 
 def _refuse_unsupported_arguments(inner_optimizer, kwargs):
@@ -91,8 +119,9 @@ def _refuse_unsupported_arguments(inner_optimizer, kwargs):
     own = set(getattr(inner_optimizer, "init_args", {})) | {"learning_rate"}
     for name in kwargs:
         if name in _INNER_OPTIMIZER_ARGUMENTS or name in own:
-            raise TypeValueError(f"LossScaleOptimizer does not support `{name}`. Instead, set `{name}` on the "
-                                 f"`inner_optimizer`.")
+            raise TypeValueError(
+                f"LossScaleOptimizer does not support `{name}`. Instead, set `{name}` on the `inner_optimizer`."
+            )
     if kwargs:
         raise TypeValueError(f"LossScaleOptimizer does not support arguments: `{'`, `'.join(kwargs)}`.")
 
@@ -109,14 +138,17 @@ def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
         if initial_scale is None:
             raise ValueError("'initial_scale' must be specified if 'dynamic' is False: it is the fixed loss scale.")
         if dynamic_growth_steps is not None:
-            raise ValueError(f"'dynamic_growth_steps' must be None if 'dynamic' is False, but got "
-                             f"{dynamic_growth_steps!r}.")
+            raise ValueError(
+                f"'dynamic_growth_steps' must be None if 'dynamic' is False, but got {dynamic_growth_steps!r}."
+            )
         try:
             return float(positive_scale("initial_scale", initial_scale))
         except TypeError as error:
             raise ValueError(str(error)) from None
-    fields = {"init_scale": 2.0**15 if initial_scale is None else initial_scale,
-              "growth_interval": 2000 if dynamic_growth_steps is None else dynamic_growth_steps}
+    fields = {
+        "init_scale": 2.0**15 if initial_scale is None else initial_scale,
+        "growth_interval": 2000 if dynamic_growth_steps is None else dynamic_growth_steps,
+    }
     try:
         return build_policy(_KERAS_NAMES, **dict(vars(get_preset("tf_keras")), **fields))
     except TypeError as error:
@@ -142,15 +174,19 @@ def _require_optimizer_parameters(argument, variables, parameters):
     each parameter with another one's gradient."""
     if [id(variable) for variable in variables] != [id(parameter) for parameter in parameters]:
         if variables and not any(isinstance(variable, Parameter) for variable in variables):
-            raise ValueError(f"the variables of '{argument}' are plain Tensors, not the inner optimizer's "
-                             f"Parameters, so their order cannot be checked (mindspore.jit(capture_mode='bytecode') "
-                             f"passes Parameters as Tensors). Pass the gradients alone, in the order of "
-                             f"opt.parameters, or compile with the default capture_mode='ast'.")
+            raise ValueError(
+                f"the variables of '{argument}' are plain Tensors, not the inner optimizer's "
+                f"Parameters, so their order cannot be checked (mindspore.jit(capture_mode='bytecode') "
+                f"passes Parameters as Tensors). Pass the gradients alone, in the order of "
+                f"opt.parameters, or compile with the default capture_mode='ast'."
+            )
         given = [getattr(variable, "name", type(variable).__name__) for variable in variables]
         expected = [parameter.name for parameter in parameters]
-        raise ValueError(f"'{argument}' must be the inner optimizer's parameters, in order (a MindSpore optimizer is "
-                         f"bound to the parameters it was built with): expected {expected}, but got {given}. Pass "
-                         f"them in the order of opt.parameters.")
+        raise ValueError(
+            f"'{argument}' must be the inner optimizer's parameters, in order (a MindSpore optimizer is "
+            f"bound to the parameters it was built with): expected {expected}, but got {given}. Pass "
+            f"them in the order of opt.parameters."
+        )
 
 
 def _check_variables(argument, variables, parameters):
@@ -169,10 +205,12 @@ def _refuse_non_pairs(items, argument):
     nested as ``mindspore.value_and_grad`` with ``grad_position`` and ``weights`` returns them)."""
     for index, pair in enumerate(items):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise TypeError(f"'{argument}' holds (gradient, variable) pairs (its first entry is a tuple or list), but "
-                            f"entry {index} is not a pair of two. Gradients nested as mindspore.value_and_grad with "
-                            f"grad_position and weights returns them, (inputs' gradients, weights' gradients): pass "
-                            f"the second.")
+            raise TypeError(
+                f"'{argument}' holds (gradient, variable) pairs (its first entry is a tuple or list), but "
+                f"entry {index} is not a pair of two. Gradients nested as mindspore.value_and_grad with "
+                f"grad_position and weights returns them, (inputs' gradients, weights' gradients): pass "
+                f"the second."
+            )
     return True
 
 
@@ -207,13 +245,17 @@ def _check_apply_options(skip_gradients_aggregation, options):
         True
     """
     if not isinstance(skip_gradients_aggregation, bool):
-        raise TypeError(f"'skip_gradients_aggregation' must be a bool, but got "
-                        f"{type(skip_gradients_aggregation).__name__} {skip_gradients_aggregation!r}.")
+        raise TypeError(
+            f"'skip_gradients_aggregation' must be a bool, but got "
+            f"{type(skip_gradients_aggregation).__name__} {skip_gradients_aggregation!r}."
+        )
     for name, value in options.items():
         if name not in _APPLY_OPTIONS:
             known = " and ".join(map(repr, _APPLY_OPTIONS))
-            raise TypeError(f"apply_gradients() got an unexpected keyword argument {name!r}: it takes "
-                            f"'skip_gradients_aggregation' and, as tf.keras, {known}.")
+            raise TypeError(
+                f"apply_gradients() got an unexpected keyword argument {name!r}: it takes "
+                f"'skip_gradients_aggregation' and, as tf.keras, {known}."
+            )
         if not isinstance(value, _APPLY_OPTIONS[name]):
             expected = " or ".join("None" if kind is type(None) else kind.__name__ for kind in _APPLY_OPTIONS[name])
             raise TypeError(f"'{name}' must be a {expected}, but got {type(value).__name__} {value!r}.")
@@ -247,11 +289,15 @@ class _IterationFlags(nn.Cell):
 
     def refuse_mismatch(self):
         if ops.logical_and(self.loss_scaled, ops.logical_not(self.grads_unscaled)):
-            raise RuntimeError("apply_gradients() got the gradients of a scaled loss without get_unscaled_gradients(): "
-                               "they are loss_scale times too large. Pass opt.get_unscaled_gradients(grads).")
+            raise RuntimeError(
+                "apply_gradients() got the gradients of a scaled loss without get_unscaled_gradients(): "
+                "they are loss_scale times too large. Pass opt.get_unscaled_gradients(grads)."
+            )
         if ops.logical_and(self.grads_unscaled, ops.logical_not(self.loss_scaled)):
-            raise RuntimeError("apply_gradients() got gradients unscaled with get_unscaled_gradients() but the loss was "
-                               "not scaled with get_scaled_loss(): they are 1/loss_scale of the true gradients.")
+            raise RuntimeError(
+                "apply_gradients() got gradients unscaled with get_unscaled_gradients() but the loss was "
+                "not scaled with get_scaled_loss(): they are 1/loss_scale of the true gradients."
+            )
         return self.loss_scaled
 
     def reset(self):
@@ -264,10 +310,13 @@ class _IterationFlags(nn.Cell):
             return
         self._usage_checked = True
         if not (bool(self.loss_scaled.asnumpy()) or bool(self.grads_unscaled.asnumpy())):
-            warn_at_caller("LossScaleOptimizer applied gradients without get_scaled_loss() and "
-                           "get_unscaled_gradients(): the loss is not scaled, so float16 gradients can underflow. "
-                           "Scale the loss with get_scaled_loss() and unscale the gradients with "
-                           "get_unscaled_gradients(), or use minimize().", UserWarning)
+            warn_at_caller(
+                "LossScaleOptimizer applied gradients without get_scaled_loss() and "
+                "get_unscaled_gradients(): the loss is not scaled, so float16 gradients can underflow. "
+                "Scale the loss with get_scaled_loss() and unscale the gradients with "
+                "get_unscaled_gradients(), or use minimize().",
+                UserWarning,
+            )
 
 
 _APPLY_STEPS = weakref.WeakValueDictionary()  # id -> _ApplyGradients, for the check when a step is compiled
@@ -310,8 +359,10 @@ class _ApplyGradients(nn.Cell):
             check_int_in_range(cell.good_steps.name, state.good_steps, low=0, high=policy.growth_interval - 1)
             check_int_in_range(cell.hysteresis_left.name, state.hysteresis_left, low=1, high=policy.hysteresis)
         except ValueError as error:
-            raise ValueError(f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="
-                             f"{policy.growth_interval} here): load a checkpoint of the same configuration.") from None
+            raise ValueError(
+                f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="
+                f"{policy.growth_interval} here): load a checkpoint of the same configuration."
+            ) from None
 
     @ms.jit  # from Python in PyNative mode too: one graph, not each kernel in turn (an MLP iteration 62 -> 47 ms)
     def construct(self, grads):
@@ -383,19 +434,34 @@ class LossScaleOptimizer(nn.Cell):
         (True, 32768.0, 2000, 32768.0)
     """
 
-    def __init__(self, inner_optimizer, dynamic=True, initial_scale=None, dynamic_growth_steps=None, *, policy=None,
-                 overflow_check=None, name=None, **kwargs):
+    def __init__(
+        self,
+        inner_optimizer,
+        dynamic=True,
+        initial_scale=None,
+        dynamic_growth_steps=None,
+        *,
+        policy=None,
+        overflow_check=None,
+        name=None,
+        **kwargs,
+    ):
         super().__init__(auto_prefix=False)
         _refuse_unsupported_arguments(inner_optimizer, kwargs)
         if isinstance(inner_optimizer, LossScaleOptimizer):
-            raise TypeValueError("LossScaleOptimizer cannot wrap another LossScaleOptimizer: wrap its "
-                                 "inner_optimizer instead.")
+            raise TypeValueError(
+                "LossScaleOptimizer cannot wrap another LossScaleOptimizer: wrap its inner_optimizer instead."
+            )
         if not isinstance(inner_optimizer, nn.Optimizer):
-            raise TypeValueError(f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
-                                 f"{type(inner_optimizer).__name__}.{_pytorch_style_hint(inner_optimizer)}")
+            raise TypeValueError(
+                f"'inner_optimizer' must be a mindspore.nn.Optimizer, but got "
+                f"{type(inner_optimizer).__name__}.{_pytorch_style_hint(inner_optimizer)}"
+            )
         if getattr(inner_optimizer, "_wrapped_by_loss_scale_optimizer", False):
-            raise ValueError("'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
-                             "wrapped by a single LossScaleOptimizer.")
+            raise ValueError(
+                "'inner_optimizer' is already wrapped by a LossScaleOptimizer. An optimizer can only be "
+                "wrapped by a single LossScaleOptimizer."
+            )
         check_optimizer_loss_scale(inner_optimizer)
         refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in inner_optimizer.parameters), "inner_optimizer")
         rule = _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy)
@@ -518,8 +584,10 @@ class LossScaleOptimizer(nn.Cell):
             skipped = opt.apply_gradients(opt.compute_gradients(loss, opt.parameters))
         """
         if tape is not None:
-            raise ValueError(f"'tape' must be None, but got {type(tape).__name__}: MindSpore has no gradient tape, "
-                             f"it differentiates the callable 'loss' (pass the forward pass as a function).")
+            raise ValueError(
+                f"'tape' must be None, but got {type(tape).__name__}: MindSpore has no gradient tape, "
+                f"it differentiates the callable 'loss' (pass the forward pass as a function)."
+            )
         return list(zip(self._gradients(loss, var_list, "var_list"), self._inner.parameters))
 
     def _gradients(self, loss, variables, argument):
@@ -527,12 +595,15 @@ class LossScaleOptimizer(nn.Cell):
         ranks under data parallel; ``variables`` (named ``argument`` in errors), if given, checked against them."""
         parameters = self._inner.parameters
         if outside_graph(parameters[0]) and not callable(loss):  # (MindSpore's graph syntax has no callable())
-            raise ValueError(f"'loss' must be a callable returning the loss, but got {type(loss).__name__}: "
-                             f"MindSpore differentiates a function, so pass the forward pass, e.g. lambda: "
-                             f"loss_fn(net(x), y).")
+            raise ValueError(
+                f"'loss' must be a callable returning the loss, but got {type(loss).__name__}: "
+                f"MindSpore differentiates a function, so pass the forward pass, e.g. lambda: "
+                f"loss_fn(net(x), y)."
+            )
         if variables is not None:
-            _check_variables(argument, tuple(variables) if isinstance(variables, (list, tuple)) else (variables,),
-                             parameters)
+            _check_variables(
+                argument, tuple(variables) if isinstance(variables, (list, tuple)) else (variables,), parameters
+            )
 
         def scaled_loss():
             return self.get_scaled_loss(loss())
@@ -598,8 +669,9 @@ class LossScaleOptimizer(nn.Cell):
     def learning_rate(self, value):
         inner = self._inner
         if getattr(inner, "dynamic_lr", False) or getattr(inner, "is_group_lr", False):
-            raise ValueError("the inner optimizer has a learning-rate schedule or per-group rates; set them when "
-                             "building it.")
+            raise ValueError(
+                "the inner optimizer has a learning-rate schedule or per-group rates; set them when building it."
+            )
         write_parameter(inner.learning_rate, _learning_rate_value(value))
 
     lr = learning_rate
@@ -613,7 +685,8 @@ class LossScaleOptimizer(nn.Cell):
                 f"cannot set {name!r} on a LossScaleOptimizer: it would hide the inner optimizer's {name} (which "
                 f"reads would then return) without changing what it trains with. Only learning_rate is forwarded; "
                 f"give {name} to the inner optimizer when building it ({type(self._inner).__name__}(..., "
-                f"{name}=...)).")
+                f"{name}=...))."
+            )
         super().__setattr__(name, value)
 
     def _would_shadow_the_inner_optimizer(self, name):
@@ -635,5 +708,7 @@ class LossScaleOptimizer(nn.Cell):
         try:
             return getattr(inner, name)
         except AttributeError:
-            raise AttributeError(f"'LossScaleOptimizer' object has no attribute {name!r}, and its inner optimizer "
-                                 f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}") from None
+            raise AttributeError(
+                f"'LossScaleOptimizer' object has no attribute {name!r}, and its inner optimizer "
+                f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}"
+            ) from None

@@ -28,6 +28,7 @@ Example:
     >>> states.slot(None, 1234), states.slot(0, None), states.slot(None, 1234), states.slot("disc", None)
     (0, 1, 0, 2)
 """
+
 import itertools
 import weakref
 import zlib
@@ -104,17 +105,22 @@ def _related_signatures(signature):
     """The known structure signatures whose gradients could be ``signature``'s, part of them or hold them: the
     same shapes, or a subsequence of them either way (a tuple sliced or filtered per optimizer, or joined)."""
     shapes = _SHAPES[signature]
-    return tuple(other for other, other_shapes in sorted(_SHAPES.items())
-                 if _is_subsequence(other_shapes, shapes) or _is_subsequence(shapes, other_shapes))
+    return tuple(
+        other
+        for other, other_shapes in sorted(_SHAPES.items())
+        if _is_subsequence(other_shapes, shapes) or _is_subsequence(shapes, other_shapes)
+    )
 
 
 def _refuse_misfit(shapes, parameter_shapes):
     """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
     shapes, expected = _as_tuples(shapes), _as_tuples(parameter_shapes)
     if shapes != expected:
-        raise ValueError(f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
-                         f"optimizer.parameters (differentiate with respect to optimizer.parameters): the gradients "
-                         f"have shapes {list(shapes)}, the optimizer's parameters {list(expected)}.")
+        raise ValueError(
+            f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
+            f"optimizer.parameters (differentiate with respect to optimizer.parameters): the gradients "
+            f"have shapes {list(shapes)}, the optimizer's parameters {list(expected)}."
+        )
     return True
 
 
@@ -125,8 +131,10 @@ def _slot(registry, key, signature, capacity):
     token = ("structure", signature) if key is None else ("key", key)
     if token not in slots:
         if len(slots) >= capacity:
-            raise ValueError(f"more than {capacity} optimizer keys in one GradScaler: {sorted(map(str, slots))}. "
-                             f"Use at most {capacity} distinct keys (or gradient structures).")
+            raise ValueError(
+                f"more than {capacity} optimizer keys in one GradScaler: {sorted(map(str, slots))}. "
+                f"Use at most {capacity} distinct keys (or gradient structures)."
+            )
         slots[token] = len(slots)
     return slots[token]
 
@@ -134,8 +142,9 @@ def _slot(registry, key, signature, capacity):
 @constexpr
 def _check_key(key):
     if key is not None and (isinstance(key, bool) or not isinstance(key, (int, str))):
-        raise TypeError(f"'key' must be an int or a str constant (or None), but got {key!r} of type "
-                        f"{type(key).__name__}.")
+        raise TypeError(
+            f"'key' must be an int or a str constant (or None), but got {key!r} of type {type(key).__name__}."
+        )
     return True
 
 
@@ -164,13 +173,16 @@ class OptimizerStates(nn.Cell):
         weakref.finalize(self, _REGISTRIES.pop, self.registry, None)
         self.capacity = capacity
         self.hyper_map = ops.HyperMap()
-        self.table = Parameter(Tensor(np.zeros((ROWS, capacity), np.float32)), name=f"{name}.iteration",
-                               requires_grad=False)
+        self.table = Parameter(
+            Tensor(np.zeros((ROWS, capacity), np.float32)), name=f"{name}.iteration", requires_grad=False
+        )
         # Tensor constants rather than Python numbers in graph arithmetic (see lossscale.core.overflow).
-        self._ready, self._unscaled, self._stepped = (Tensor(float(v), mstype.float32)
-                                                      for v in (READY, UNSCALED, STEPPED))
+        self._ready, self._unscaled, self._stepped = (
+            Tensor(float(v), mstype.float32) for v in (READY, UNSCALED, STEPPED)
+        )
         self._no_misuse, self._step_twice, self._scaled_gradients, self._ambiguous, self._larger = (
-            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED))
+            Tensor(v, mstype.int32) for v in (0, STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED)
+        )
         self._norm_slack = Tensor(NORM_SLACK, mstype.float32)
         self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
         # Per-slot constants as tuples of Tensors: a constant index into a tuple costs nothing to compile,
@@ -237,11 +249,15 @@ class OptimizerStates(nn.Cell):
         """Raise unless ``stage`` (the slot's stage before this unscale_()) is READY."""
         if stage != self._ready:
             if stage == self._unscaled:
-                raise RuntimeError("unscale_() has already been called on this optimizer since the last update(). "
-                                   "Call it once per optimizer per iteration and pass the gradients it returned to "
-                                   "step(); with several optimizers give each its own key.")
-            raise RuntimeError("unscale_() is being called after step(). Call unscale_() before step() (step() "
-                               "has already unscaled and applied these gradients), or update() first.")
+                raise RuntimeError(
+                    "unscale_() has already been called on this optimizer since the last update(). "
+                    "Call it once per optimizer per iteration and pass the gradients it returned to "
+                    "step(); with several optimizers give each its own key."
+                )
+            raise RuntimeError(
+                "unscale_() is being called after step(). Call unscale_() before step() (step() "
+                "has already unscaled and applied these gradients), or update() first."
+            )
         return stage
 
     def scaled_gradients_code(self, column, fingerprint, norm, scale):
@@ -283,36 +299,46 @@ class OptimizerStates(nn.Cell):
     def raise_step_misuse(code):
         """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
         if code == STEP_TWICE:
-            raise RuntimeError("step() has already been called since the last update(). Call update() once per "
-                               "iteration, after every optimizer's step(); with several optimizers give each its "
-                               "own key.")
+            raise RuntimeError(
+                "step() has already been called since the last update(). Call update() once per "
+                "iteration, after every optimizer's step(); with several optimizers give each its "
+                "own key."
+            )
         if code == SCALED_GRADIENTS:
-            raise RuntimeError("step() got the scaled gradients that unscale_() was given for this optimizer. In "
-                               "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
-                               "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads).")
+            raise RuntimeError(
+                "step() got the scaled gradients that unscale_() was given for this optimizer. In "
+                "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
+                "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads)."
+            )
         if code == LARGER_THAN_UNSCALED:
-            raise RuntimeError("step() got gradients with a larger global norm than the ones unscale_() returned for "
-                               "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
-                               "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
-                               "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
-                               "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
-                               "only changes that do not raise the norm are accepted: to add to the gradients on "
-                               "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay.")
+            raise RuntimeError(
+                "step() got gradients with a larger global norm than the ones unscale_() returned for "
+                "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
+                "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
+                "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
+                "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
+                "only changes that do not raise the norm are accepted: to add to the gradients on "
+                "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay."
+            )
         if code == AMBIGUOUS:
-            raise RuntimeError("step() got gradients shaped like the ones unscale_() returned for another key in "
-                               "this iteration (the same shapes, or part of them, or holding them), and not yet "
-                               "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
-                               "returned for this optimizer, with the same key: to clip several optimizers' "
-                               "gradients together, unscale_() each optimizer's own gradients, clip them together "
-                               "and step each optimizer with its part. Otherwise call unscale_() for this "
-                               "optimizer too, or step the other one first.")
+            raise RuntimeError(
+                "step() got gradients shaped like the ones unscale_() returned for another key in "
+                "this iteration (the same shapes, or part of them, or holding them), and not yet "
+                "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
+                "returned for this optimizer, with the same key: to clip several optimizers' "
+                "gradients together, unscale_() each optimizer's own gradients, clip them together "
+                "and step each optimizer with its part. Otherwise call unscale_() for this "
+                "optimizer too, or step the other one first."
+            )
         return code
 
     def refuse_update_without_checks(self):
         """PyTorch: update() needs an unscale_() or step() since the last update()."""
         if _reduce_all(self._rows()[STAGE] == self._ready):
-            raise AssertionError("No inf checks were recorded prior to update(): call step() (or unscale_()) for "
-                                 "each optimizer before update().")
+            raise AssertionError(
+                "No inf checks were recorded prior to update(): call step() (or unscale_()) for "
+                "each optimizer before update()."
+            )
         return self.table
 
     # ---- graph: records (one whole-table write each) ---------------------------------------------
@@ -328,7 +354,8 @@ class OptimizerStates(nn.Cell):
     def record_unscale(self, slot, column, found, fingerprint, structure, norm):
         """Record an unscale_() if the slot's ``column`` (read before) is READY; else nothing changes (refused)."""
         values = ops.stack((self._unscaled, found, fingerprint, ops.cast(structure, mstype.float32), norm)).reshape(
-            (ROWS, 1))
+            (ROWS, 1)
+        )
         where = ops.logical_and(self._unscale_rows, self._slot_columns[slot])
         return self._write(ops.logical_and(where, column[STAGE] == self._ready), values)
 

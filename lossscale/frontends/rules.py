@@ -13,6 +13,7 @@ Example:
     >>> sorted(state_dict_of(PADDLE, LossScaleState(8.0, 1, 2), rule, True))[:3]
     ['decr_count', 'decr_every_n_nan_or_inf', 'decr_ratio']
 """
+
 import numpy as np
 from mindspore import Tensor
 
@@ -53,8 +54,9 @@ def as_policy(policy):
     if isinstance(policy, str):
         return get_preset(policy)
     if not isinstance(policy, LossScalePolicy):
-        raise TypeError(f"'policy' must be a LossScalePolicy or a preset name in {PRESET_NAMES}, but got "
-                        f"{type(policy).__name__}.")
+        raise TypeError(
+            f"'policy' must be a LossScalePolicy or a preset name in {PRESET_NAMES}, but got {type(policy).__name__}."
+        )
     return policy
 
 
@@ -63,18 +65,32 @@ def state_dict_of(spelling, state, policy, dynamic):
     array of shape (1,) beside ``incr_count``, ``decr_count`` and ``use_dynamic_loss_scaling``; PyTorch's a float
     beside ``_growth_tracker``."""
     if spelling is PADDLE:
-        saved = {"scale": np.array([state.scale], np.float32), "incr_ratio": policy.growth_factor,
-                 "decr_ratio": policy.backoff_factor, "incr_every_n_steps": policy.growth_interval,
-                 "decr_every_n_nan_or_inf": policy.hysteresis, "incr_count": state.good_steps,
-                 "decr_count": policy.hysteresis - state.hysteresis_left, "use_dynamic_loss_scaling": dynamic}
+        saved = {
+            "scale": np.array([state.scale], np.float32),
+            "incr_ratio": policy.growth_factor,
+            "decr_ratio": policy.backoff_factor,
+            "incr_every_n_steps": policy.growth_interval,
+            "decr_every_n_nan_or_inf": policy.hysteresis,
+            "incr_count": state.good_steps,
+            "decr_count": policy.hysteresis - state.hysteresis_left,
+            "use_dynamic_loss_scaling": dynamic,
+        }
         if policy.hysteresis != 1 and hysteresis_flags(policy) != PADDLE_HYSTERESIS:
             saved.update(hysteresis_flags(policy))
         return saved
-    saved = {"scale": state.scale, "growth_factor": policy.growth_factor, "backoff_factor": policy.backoff_factor,
-             "growth_interval": policy.growth_interval, "_growth_tracker": state.good_steps}
+    saved = {
+        "scale": state.scale,
+        "growth_factor": policy.growth_factor,
+        "backoff_factor": policy.backoff_factor,
+        "growth_interval": policy.growth_interval,
+        "_growth_tracker": state.good_steps,
+    }
     if policy.hysteresis != 1:
-        saved.update(hysteresis=policy.hysteresis, _hysteresis_tracker=policy.hysteresis - state.hysteresis_left,
-                     **hysteresis_flags(policy))
+        saved.update(
+            hysteresis=policy.hysteresis,
+            _hysteresis_tracker=policy.hysteresis - state.hysteresis_left,
+            **hysteresis_flags(policy),
+        )
     return saved
 
 
@@ -101,8 +117,10 @@ def _saved_spelling(state_dict):
     if "growth_factor" in state_dict:
         extra = TORCH_HYSTERESIS_KEYS if any(key in state_dict for key in TORCH_HYSTERESIS_KEYS) else ()
         return TORCH, TORCH.state_keys + extra
-    raise ValueError(f"'state_dict' is neither a Paddle GradScaler state (keys {list(PADDLE.state_keys)}) nor a "
-                     f"PyTorch one (keys {list(TORCH.state_keys)}); got keys {sorted(state_dict)}.")
+    raise ValueError(
+        f"'state_dict' is neither a Paddle GradScaler state (keys {list(PADDLE.state_keys)}) nor a "
+        f"PyTorch one (keys {list(TORCH.state_keys)}); got keys {sorted(state_dict)}."
+    )
 
 
 def parse_state(state_dict, current):
@@ -111,8 +129,9 @@ def parse_state(state_dict, current):
     spelling, keys = _saved_spelling(state_dict)
     missing = [key for key in keys if key not in state_dict]
     if missing:
-        raise ValueError(f"'state_dict' is missing {missing}; a {spelling.framework} GradScaler state has the keys "
-                         f"{list(keys)}.")
+        raise ValueError(
+            f"'state_dict' is missing {missing}; a {spelling.framework} GradScaler state has the keys {list(keys)}."
+        )
     values = {key: _number(state_dict, key) for key in keys}
     rule = {field: values[spelling.name_of(field)] for field in ("growth_factor", "backoff_factor", "growth_interval")}
     rule["init_scale"] = values["scale"]
@@ -120,12 +139,16 @@ def parse_state(state_dict, current):
         rule["hysteresis"] = values[spelling.name_of("hysteresis")]
         rule.update(_loaded_hysteresis_flags(values, rule["hysteresis"], current))
     policy = framework_rule(rule, spelling, current, {"init_scale": "state_dict['scale']"})
-    good_key, bad_key = ("incr_count", "decr_count") if spelling is PADDLE else ("_growth_tracker",
-                                                                                "_hysteresis_tracker")
+    good_key, bad_key = (
+        ("incr_count", "decr_count") if spelling is PADDLE else ("_growth_tracker", "_hysteresis_tracker")
+    )
     good = check_int_in_range(f"state_dict[{good_key!r}]", values[good_key], low=0, high=policy.growth_interval - 1)
     bad = check_int_in_range(f"state_dict[{bad_key!r}]", values.get(bad_key, 0), low=0, high=policy.hysteresis - 1)
-    dynamic = True if spelling is TORCH else check_bool("state_dict['use_dynamic_loss_scaling']",
-                                                        values["use_dynamic_loss_scaling"])
+    dynamic = (
+        True
+        if spelling is TORCH
+        else check_bool("state_dict['use_dynamic_loss_scaling']", values["use_dynamic_loss_scaling"])
+    )
     state = LossScaleState(scale=policy.init_scale, good_steps=good, hysteresis_left=policy.hysteresis - bad)
     return policy, check_state(policy, state), dynamic
 
@@ -142,8 +165,10 @@ def _loaded_hysteresis_flags(values, hysteresis, current):
     else:
         flags = hysteresis_flags(current)
     if flags != hysteresis_flags(current):
-        raise ValueError(f"'state_dict' holds a rule with hysteresis {hysteresis} working as {flags}, but this "
-                         f"scaler's hysteresis works as {hysteresis_flags(current)}, which is fixed when it is "
-                         f"built: load it into a scaler built with that rule (Paddle's spelling, "
-                         f"GradScaler(init_loss_scaling=...), for a Paddle state; policy=... for another).")
+        raise ValueError(
+            f"'state_dict' holds a rule with hysteresis {hysteresis} working as {flags}, but this "
+            f"scaler's hysteresis works as {hysteresis_flags(current)}, which is fixed when it is "
+            f"built: load it into a scaler built with that rule (Paddle's spelling, "
+            f"GradScaler(init_loss_scaling=...), for a Paddle state; policy=... for another)."
+        )
     return flags

@@ -11,6 +11,7 @@ Example:
     >>> spelling_of(("cuda",), {}) is TORCH, spelling_of((), {"init_loss_scaling": 8.0}) is PADDLE
     (True, True)
 """
+
 import inspect
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -66,39 +67,80 @@ class Spelling:
 
     def signature(self):
         """The constructor's signature, ``self`` left out (what ``inspect.signature`` of the class shows)."""
-        positional = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
-                      for name, default in self.arguments]
-        keywords = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-                    for name, default in KEYWORD_DEFAULTS.items()]
+        positional = [
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+            for name, default in self.arguments
+        ]
+        keywords = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+            for name, default in KEYWORD_DEFAULTS.items()
+        ]
         return inspect.Signature(positional + keywords)
 
 
 PADDLE = Spelling(
-    framework="Paddle", preset="paddle",
-    arguments=(("enable", True), ("init_loss_scaling", 32768.0), ("incr_ratio", 2.0), ("decr_ratio", 0.5),
-               ("incr_every_n_steps", 1000), ("decr_every_n_nan_or_inf", 2), ("use_dynamic_loss_scaling", True)),
-    fields=MappingProxyType({"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",
-                             "backoff_factor": "decr_ratio", "growth_interval": "incr_every_n_steps",
-                             "hysteresis": "decr_every_n_nan_or_inf"}),
+    framework="Paddle",
+    preset="paddle",
+    arguments=(
+        ("enable", True),
+        ("init_loss_scaling", 32768.0),
+        ("incr_ratio", 2.0),
+        ("decr_ratio", 0.5),
+        ("incr_every_n_steps", 1000),
+        ("decr_every_n_nan_or_inf", 2),
+        ("use_dynamic_loss_scaling", True),
+    ),
+    fields=MappingProxyType(
+        {
+            "init_scale": "init_loss_scaling",
+            "growth_factor": "incr_ratio",
+            "backoff_factor": "decr_ratio",
+            "growth_interval": "incr_every_n_steps",
+            "hysteresis": "decr_every_n_nan_or_inf",
+        }
+    ),
     enabled="enable",
-    state_keys=("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf", "incr_count",
-                "decr_count", "use_dynamic_loss_scaling"),
-    accessors=MappingProxyType({"init_loss_scaling": "init_scale", "incr_ratio": "growth_factor",
-                                "decr_ratio": "backoff_factor", "incr_every_n_steps": "growth_interval",
-                                "decr_every_n_nan_or_inf": "hysteresis"}),
-    empty_state="The input state dict is empty, possibly because it was saved from a disabled instance of GradScaler.")
+    state_keys=(
+        "scale",
+        "incr_ratio",
+        "decr_ratio",
+        "incr_every_n_steps",
+        "decr_every_n_nan_or_inf",
+        "incr_count",
+        "decr_count",
+        "use_dynamic_loss_scaling",
+    ),
+    accessors=MappingProxyType(
+        {
+            "init_loss_scaling": "init_scale",
+            "incr_ratio": "growth_factor",
+            "decr_ratio": "backoff_factor",
+            "incr_every_n_steps": "growth_interval",
+            "decr_every_n_nan_or_inf": "hysteresis",
+        }
+    ),
+    empty_state="The input state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
+)
 
 TORCH = Spelling(
-    framework="PyTorch", preset="pytorch",
-    arguments=(("device", "cuda"), ("init_scale", 2.0**16), ("growth_factor", 2.0), ("backoff_factor", 0.5),
-               ("growth_interval", 2000), ("enabled", True)),
+    framework="PyTorch",
+    preset="pytorch",
+    arguments=(
+        ("device", "cuda"),
+        ("init_scale", 2.0**16),
+        ("growth_factor", 2.0),
+        ("backoff_factor", 0.5),
+        ("growth_interval", 2000),
+        ("enabled", True),
+    ),
     fields=MappingProxyType({field: field for field in RULE_FIELDS}),
     enabled="enabled",
     state_keys=("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"),
-    accessors=MappingProxyType({"growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
-                                "growth_interval": "growth_interval"}),
-    empty_state="The source state dict is empty, possibly because it was saved from a disabled instance of "
-                "GradScaler.")
+    accessors=MappingProxyType(
+        {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor", "growth_interval": "growth_interval"}
+    ),
+    empty_state="The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
+)
 
 
 def spelling_of(args, kwargs):
@@ -107,9 +149,12 @@ def spelling_of(args, kwargs):
     torch = [name for name in kwargs if name in TORCH.defaults]
     paddle = [name for name in kwargs if name in PADDLE.defaults]
     if args:
-        (torch if isinstance(args[0], str) else paddle).append("a first positional argument of type "
-                                                                f"{type(args[0]).__name__}")
+        (torch if isinstance(args[0], str) else paddle).append(
+            f"a first positional argument of type {type(args[0]).__name__}"
+        )
     if torch and paddle:
-        raise ValueError(f"GradScaler got PyTorch's spelling ({', '.join(torch)}) and Paddle's ({', '.join(paddle)}) "
-                         f"together: give one framework's arguments, e.g. enabled= (PyTorch) or enable= (Paddle).")
+        raise ValueError(
+            f"GradScaler got PyTorch's spelling ({', '.join(torch)}) and Paddle's ({', '.join(paddle)}) "
+            f"together: give one framework's arguments, e.g. enabled= (PyTorch) or enable= (Paddle)."
+        )
     return TORCH if torch else PADDLE

@@ -14,6 +14,7 @@ Example:
     >>> [p.name for p in window.get_parameters()][-2:]
     ['loss_scale_micro_step', 'loss_scale_window_overflow']
 """
+
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -69,9 +70,16 @@ class GradientAccumulation(nn.Cell):
         super().__init__(auto_prefix=False)
         self.steps = check_int_in_range("accumulation_steps", steps, low=2)
         self.hyper_map = ops.HyperMap()
-        self.accumulators = ParameterTuple([
-            Parameter(Tensor(np.zeros(p.shape, _accumulator_dtype(p))), name=f"loss_scale_accumulator.{p.name}",
-                      requires_grad=False) for p in weights])
+        self.accumulators = ParameterTuple(
+            [
+                Parameter(
+                    Tensor(np.zeros(p.shape, _accumulator_dtype(p))),
+                    name=f"loss_scale_accumulator.{p.name}",
+                    requires_grad=False,
+                )
+                for p in weights
+            ]
+        )
         self.micro_step = counter("loss_scale_micro_step")
         self.window_overflow = counter("loss_scale_window_overflow", 0.0, mstype.float32)
         self._inverse_count = Tensor(1.0 / self.steps, mstype.float32)

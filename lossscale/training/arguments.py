@@ -4,6 +4,7 @@ Example:
     >>> fixed_scale_of(Tensor(1024.0)), fixed_scale_of(nn.Dense(1, 1))
     (1024.0, None)
 """
+
 import numbers
 
 import numpy as np
@@ -18,18 +19,26 @@ from lossscale.core.update_cells import FixedLossScaleUpdateCell
 def check_train_arguments(network, optimizer, scale_sense):
     """TypeError for a ``network``, ``optimizer`` or ``scale_sense`` of the wrong kind."""
     if not isinstance(network, nn.Cell):
-        raise TypeError(f"'network' must be a mindspore.nn.Cell (the network with its loss, one output), but got "
-                        f"{type(network).__name__}.")
+        raise TypeError(
+            f"'network' must be a mindspore.nn.Cell (the network with its loss, one output), but got "
+            f"{type(network).__name__}."
+        )
     if is_loss_scale_optimizer(optimizer):
-        raise TypeError("'optimizer' is a LossScaleOptimizer, which scales in your own training step; this cell scales "
-                        "itself: give it the inner optimizer (opt.inner_optimizer) and an update cell with the rule "
-                        "(e.g. DynamicLossScaleUpdateCell.from_policy(get_preset('tf_keras'))).")
+        raise TypeError(
+            "'optimizer' is a LossScaleOptimizer, which scales in your own training step; this cell scales "
+            "itself: give it the inner optimizer (opt.inner_optimizer) and an update cell with the rule "
+            "(e.g. DynamicLossScaleUpdateCell.from_policy(get_preset('tf_keras')))."
+        )
     if not (isinstance(optimizer, nn.Optimizer) or is_parameter_optimizer(optimizer)):
-        raise TypeError(f"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding its Parameters in "
-                        f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}.")
+        raise TypeError(
+            f"'optimizer' must be a mindspore.nn.Optimizer, or an optimizer Cell holding its Parameters in "
+            f"'parameters' (mindspore.experimental.optim, mint.optim), but got {type(optimizer).__name__}."
+        )
     if not isinstance(scale_sense, (nn.Cell, Tensor)):
-        raise TypeError(f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}."
-                        f"{_scale_sense_hint(scale_sense)}")
+        raise TypeError(
+            f"'scale_sense' must be an update Cell or a Tensor, but got {type(scale_sense).__name__}."
+            f"{_scale_sense_hint(scale_sense)}"
+        )
     rule_scale(scale_sense, "scale_sense")
     refuse_sparse_gradients_on_cpu(network)
 
@@ -37,11 +46,14 @@ def check_train_arguments(network, optimizer, scale_sense):
 def _scale_sense_hint(scale_sense):
     """What to give instead of ``scale_sense`` when it is a manager, a number or a rule (the usual mix-ups)."""
     if callable(getattr(scale_sense, "get_update_cell", None)):
-        return (" Give the manager's update cell: manager.get_update_cell() (Model(loss_scale_manager=...) takes "
-                "managers).")
+        return (
+            " Give the manager's update cell: manager.get_update_cell() (Model(loss_scale_manager=...) takes managers)."
+        )
     if isinstance(scale_sense, numbers.Real) and not isinstance(scale_sense, bool):
-        return (f" For a fixed scale give FixedLossScaleUpdateCell({scale_sense!r}) or Tensor({scale_sense!r}, "
-                f"mindspore.float32).")
+        return (
+            f" For a fixed scale give FixedLossScaleUpdateCell({scale_sense!r}) or Tensor({scale_sense!r}, "
+            f"mindspore.float32)."
+        )
     if isinstance(scale_sense, LossScalePolicy):
         return " For a rule give DynamicLossScaleUpdateCell.from_policy(policy)."
     return ""
@@ -53,10 +65,12 @@ def refuse_nn_optimizer_options(optimizer, options):
     wanted = [name for name, value in options.items() if value]
     if wanted and not isinstance(optimizer, nn.Optimizer):
         verb = "needs" if len(wanted) == 1 else "need"
-        raise ValueError(f"{', '.join(repr(name) for name in wanted)} {verb} a mindspore.nn.Optimizer (its get_lr() "
-                         f"and global_step), but the optimizer is "
-                         f"{type(optimizer).__module__}.{type(optimizer).__name__}, whose learning-rate schedulers are "
-                         f"stepped from Python. Leave them False with it.")
+        raise ValueError(
+            f"{', '.join(repr(name) for name in wanted)} {verb} a mindspore.nn.Optimizer (its get_lr() "
+            f"and global_step), but the optimizer is "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}, whose learning-rate schedulers are "
+            f"stepped from Python. Leave them False with it."
+        )
 
 
 def fixed_scale_of(scale_sense):
@@ -71,8 +85,10 @@ def fixed_scale_of(scale_sense):
 
 @ops.constexpr
 def _refuse_several_outputs(kind):
-    raise TypeError(f"the network returned a {kind}: a train cell needs the network with its loss to return one "
-                    f"Tensor, the loss (wrap it, e.g. nn.WithLossCell, or return only the loss).")
+    raise TypeError(
+        f"the network returned a {kind}: a train cell needs the network with its loss to return one "
+        f"Tensor, the loss (wrap it, e.g. nn.WithLossCell, or return only the loss)."
+    )
 
 
 def check_loss_output(loss):
@@ -108,4 +124,5 @@ def refuse_sparse_gradients_on_cpu(network):
             f"'network' has cells with sparse (RowTensor) gradients: {', '.join(sparse)} "
             f"(nn.EmbeddingLookup with sparse=True). On CPU, MindSpore 2.10 crashes with a segmentation fault "
             f"when such gradients are applied in a graph that also updates the loss-scale state. Use nn.Embedding, "
-            f"whose gradients are dense, or train this network without loss scaling.")
+            f"whose gradients are dense, or train this network without loss scaling."
+        )

@@ -13,6 +13,7 @@ Example:
     >>> counters.as_dict()
     {'steps': 0, 'skipped_steps': 0, 'consecutive_overflows': 0, 'last_overflow_step': 0}
 """
+
 import logging
 
 import numpy as np
@@ -22,8 +23,8 @@ from mindspore.common import dtype as mstype
 from lossscale.core._text import plural
 from lossscale.core._validation import INT32_MAX, check_bool, check_int_in_range
 from lossscale.core._warnings import warn_at_caller
-from lossscale.training.accumulation import counter
 from lossscale.core.overflow import nonfinite_per_tensor, zero_or_nan
+from lossscale.training.accumulation import counter
 
 OVERFLOW_POLICIES = ("skip", "warn", "raise")
 LOGGER = logging.getLogger("lossscale")
@@ -63,8 +64,11 @@ class OverflowCounters(nn.Cell):
         if drops_overflow:
             skip = ops.logical_and(overflow, self.skipped_steps < self._max)
             skipped_steps = ops.select(skip, self.skipped_steps + one, self.skipped_steps)
-        consecutive = ops.select(overflow, ops.minimum(self.consecutive_overflows, self._max - one) + one,
-                                 ops.zeros_like(self.consecutive_overflows))
+        consecutive = ops.select(
+            overflow,
+            ops.minimum(self.consecutive_overflows, self._max - one) + one,
+            ops.zeros_like(self.consecutive_overflows),
+        )
         last = ops.select(overflow, steps, self.last_overflow_step)
         done = ops.assign(self.steps, steps)
         done = ops.depend(done, ops.assign(self.skipped_steps, skipped_steps))
@@ -73,9 +77,12 @@ class OverflowCounters(nn.Cell):
 
     def as_dict(self):
         """The counters as Python ints (one host sync)."""
-        return {"steps": int(self.steps.asnumpy()), "skipped_steps": int(self.skipped_steps.asnumpy()),
-                "consecutive_overflows": int(self.consecutive_overflows.asnumpy()),
-                "last_overflow_step": int(self.last_overflow_step.asnumpy())}
+        return {
+            "steps": int(self.steps.asnumpy()),
+            "skipped_steps": int(self.skipped_steps.asnumpy()),
+            "consecutive_overflows": int(self.consecutive_overflows.asnumpy()),
+            "last_overflow_step": int(self.last_overflow_step.asnumpy()),
+        }
 
 
 class OverflowForensics(nn.Cell):
@@ -85,8 +92,9 @@ class OverflowForensics(nn.Cell):
         super().__init__(auto_prefix=False)
         self.parameter_names = [p.name for p in weights]
         self.hyper_map = ops.HyperMap()
-        self.nonfinite_grads = Parameter(Tensor(np.zeros(len(weights), np.bool_)),
-                                         name="loss_scale_nonfinite_grads", requires_grad=False)
+        self.nonfinite_grads = Parameter(
+            Tensor(np.zeros(len(weights), np.bool_)), name="loss_scale_nonfinite_grads", requires_grad=False
+        )
         self.nonfinite_loss = counter("loss_scale_nonfinite_loss", False, mstype.bool_)
         self.reports = []
 
@@ -102,17 +110,26 @@ class OverflowForensics(nn.Cell):
     def report(self, step):
         """Host: append and log ``{"step", "loss_nonfinite", "parameters"}`` for an overflowing step."""
         flags = self.nonfinite_grads.asnumpy()
-        entry = {"step": step, "loss_nonfinite": bool(self.nonfinite_loss.asnumpy()),
-                 "parameters": [name for name, bad in zip(self.parameter_names, flags) if bad]}
+        entry = {
+            "step": step,
+            "loss_nonfinite": bool(self.nonfinite_loss.asnumpy()),
+            "parameters": [name for name, bad in zip(self.parameter_names, flags) if bad],
+        }
         self.reports.append(entry)
-        LOGGER.warning("overflow at step %d: loss non-finite: %s; non-finite gradients: %s", entry["step"],
-                       entry["loss_nonfinite"], ", ".join(entry["parameters"]) or "none")
+        LOGGER.warning(
+            "overflow at step %d: loss non-finite: %s; non-finite gradients: %s",
+            entry["step"],
+            entry["loss_nonfinite"],
+            ", ".join(entry["parameters"]) or "none",
+        )
 
 
 # What the persistent-overflow message advises (the command line gives its own options instead).
-PERSISTENT_OVERFLOW_ADVICE = ("Try: debug_overflow=True to name the parameters with non-finite gradients, check the "
-                              "inputs for inf/nan, lower the learning rate, clip gradients (clip_global_norm), keep "
-                              "the unstable layers in float32, or lower min_loss_scale.")
+PERSISTENT_OVERFLOW_ADVICE = (
+    "Try: debug_overflow=True to name the parameters with non-finite gradients, check the "
+    "inputs for inf/nan, lower the learning rate, clip gradients (clip_global_norm), keep "
+    "the unstable layers in float32, or lower min_loss_scale."
+)
 
 
 class PersistentOverflowPolicy:
@@ -128,8 +145,10 @@ class PersistentOverflowPolicy:
         if max_consecutive_overflows is not None:
             check_int_in_range("max_consecutive_overflows", max_consecutive_overflows, low=1)
             if policy == "skip":
-                raise ValueError("'max_consecutive_overflows' needs overflow_policy='warn' or 'raise', "
-                                 "but got overflow_policy='skip'.")
+                raise ValueError(
+                    "'max_consecutive_overflows' needs overflow_policy='warn' or 'raise', "
+                    "but got overflow_policy='skip'."
+                )
         self.policy = policy
         self.max_consecutive_overflows = max_consecutive_overflows
         self._warned = False
@@ -142,16 +161,23 @@ class PersistentOverflowPolicy:
     def check(self, counters, scale, minimum):
         """Warn or raise if this overflowing step makes the overflow persistent."""
         at_minimum = minimum is not None and scale <= np.float32(minimum)
-        too_many = self.max_consecutive_overflows is not None and \
-            counters["consecutive_overflows"] >= self.max_consecutive_overflows
+        too_many = (
+            self.max_consecutive_overflows is not None
+            and counters["consecutive_overflows"] >= self.max_consecutive_overflows
+        )
         if not (at_minimum or too_many):
             return
-        reason = (f"the loss scale is already at its minimum {minimum:g}" if at_minimum else
-                  f"{counters['consecutive_overflows']} consecutive overflowing steps "
-                  f"(max_consecutive_overflows={self.max_consecutive_overflows})")
-        message = (f"Persistent overflow at step {counters['steps']}: {reason}; loss scale {scale:g}, "
-                   f"{plural(counters['skipped_steps'], 'step')} skipped so far. Every overflowing step is skipped, "
-                   f"so training is not progressing. {PERSISTENT_OVERFLOW_ADVICE}")
+        reason = (
+            f"the loss scale is already at its minimum {minimum:g}"
+            if at_minimum
+            else f"{counters['consecutive_overflows']} consecutive overflowing steps "
+            f"(max_consecutive_overflows={self.max_consecutive_overflows})"
+        )
+        message = (
+            f"Persistent overflow at step {counters['steps']}: {reason}; loss scale {scale:g}, "
+            f"{plural(counters['skipped_steps'], 'step')} skipped so far. Every overflowing step is skipped, "
+            f"so training is not progressing. {PERSISTENT_OVERFLOW_ADVICE}"
+        )
         if self.policy == "raise":
             raise PersistentOverflowError(message)
         if not self._warned:

@@ -16,22 +16,26 @@ Example:
     >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
     (True, True, False)
 """
+
 import dataclasses
 
 import numpy as np
-
 from mindspore import Tensor, nn
 from mindspore.common import dtype as mstype
 
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
-from lossscale.training.accumulation import counter
 from lossscale.core._validation import check_int_in_range
-from lossscale.training.bookkeeping import INT32_MAX
 from lossscale.core.policy import check_state
 from lossscale.core.scaler import positive_scale
-from lossscale.core.update_cells import (DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state,
-                                    mindspore_good_steps)
+from lossscale.core.update_cells import (
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleUpdateCell,
+    check_fixed_state,
+    mindspore_good_steps,
+)
+from lossscale.training.accumulation import counter
+from lossscale.training.bookkeeping import INT32_MAX
 
 ACCUMULATOR_PREFIX = "loss_scale_accumulator."
 MICRO_STEP = "loss_scale_micro_step"
@@ -51,8 +55,10 @@ def _count(parameter):
     return int(host_array(parameter).reshape(-1)[0])
 
 
-_FOREIGN_STATE = ("The loaded state does not belong to this train cell's configuration: load a checkpoint written by "
-                  "the same configuration, or call load_state_dict()/set_sense_scale() with valid values.")
+_FOREIGN_STATE = (
+    "The loaded state does not belong to this train cell's configuration: load a checkpoint written by "
+    "the same configuration, or call load_state_dict()/set_sense_scale() with valid values."
+)
 
 
 def check_cell_state(cell):
@@ -65,9 +71,11 @@ def check_cell_state(cell):
     try:
         positive_scale("scale_sense", scale)
     except ValueError:
-        raise ValueError(f"'scale_sense' holds {scale!r}: a loss scale must be finite and > 0 (MindSpore's own cell "
-                         f"writes inf once its scale grows past 2**127). Set a valid scale with set_sense_scale() "
-                         f"or load_state_dict() before training.") from None
+        raise ValueError(
+            f"'scale_sense' holds {scale!r}: a loss scale must be finite and > 0 (MindSpore's own cell "
+            f"writes inf once its scale grows past 2**127). Set a valid scale with set_sense_scale() "
+            f"or load_state_dict() before training."
+        ) from None
     try:
         _check_rule_state(cell, scale)
     except ValueError as error:
@@ -80,8 +88,9 @@ def _check_rule_state(cell, scale):
     if isinstance(update_cell, DynamicLossScaleUpdateCell):
         # The scale this cell trains with (an update cell reads the scale of the last train cell it was bound to).
         state = dataclasses.replace(update_cell.get_state(), scale=scale)
-        check_state(update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps",
-                                                      "loss_scale_hysteresis_left"))
+        check_state(
+            update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left")
+        )
     elif isinstance(update_cell, FixedLossScaleUpdateCell):
         check_fixed_state({"loss_scale": scale}, update_cell.loss_scale_value, name="scale_sense")
     for name, count in cell.overflow_counters().items():
@@ -113,7 +122,8 @@ class CheckpointReceiver(nn.Cell):
         self.current_step = self.last_overflow_step = None
         if isinstance(update_cell, DynamicLossScaleUpdateCell):
             self.current_step, self.last_overflow_step = (
-                counter(name, fresh) for name, fresh in zip(MINDSPORE_COUNTERS, FRESH_MINDSPORE_COUNTERS))
+                counter(name, fresh) for name, fresh in zip(MINDSPORE_COUNTERS, FRESH_MINDSPORE_COUNTERS)
+            )
 
     def received(self):
         """``{name: Parameter}`` of the received names."""
@@ -170,13 +180,18 @@ def restore_loss_scale(cell, param_dict):
     """
     _check_restore_arguments(cell, param_dict)
     received = cell.checkpoint_receiver.received()
-    own = {parameter.name: parameter for parameter in cell.get_parameters()
-           if is_loss_scale_state(parameter.name) and received.get(parameter.name) is not parameter}
+    own = {
+        parameter.name: parameter
+        for parameter in cell.get_parameters()
+        if is_loss_scale_state(parameter.name) and received.get(parameter.name) is not parameter
+    }
     wanted = {name: value for name, value in param_dict.items() if name in own}
     wanted.update(_from_mindspore_counters(cell, param_dict))
     if not wanted:
-        raise ValueError(f"the checkpoint holds none of this train cell's loss-scale state ({', '.join(sorted(own))}): "
-                         f"it was saved from the bare network or by a cell without loss scaling.")
+        raise ValueError(
+            f"the checkpoint holds none of this train cell's loss-scale state ({', '.join(sorted(own))}): "
+            f"it was saved from the bare network or by a cell without loss scaling."
+        )
     _refuse_lost_window(cell, param_dict)
     loaded = {name: _checkpoint_array(name, value, own[name]) for name, value in wanted.items()}
     saved = {name: own[name].asnumpy().copy() for name in loaded}  # asnumpy() may share the device buffer
@@ -199,15 +214,19 @@ def _accumulation_of(cell):
 def _check_train_cell(cell):
     """TypeError unless ``cell`` is a lossscale train cell, told by the :class:`CheckpointReceiver` every one holds."""
     if not isinstance(getattr(cell, "checkpoint_receiver", None), CheckpointReceiver):
-        raise TypeError(f"'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got {type(cell).__name__}: "
-                        f"{_what_loads_instead(cell)}")
+        raise TypeError(
+            f"'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got {type(cell).__name__}: "
+            f"{_what_loads_instead(cell)}"
+        )
 
 
 def _what_loads_instead(cell):
     """How the state of something that is not a train cell loads (a front-end, or a bare network)."""
     if is_loss_scale_optimizer(cell):
-        return ("a LossScaleOptimizer's scale is one of its Parameters: mindspore.load_param_into_net(optimizer, "
-                "checkpoint) loads it.")
+        return (
+            "a LossScaleOptimizer's scale is one of its Parameters: mindspore.load_param_into_net(optimizer, "
+            "checkpoint) loads it."
+        )
     if type(cell).__module__.startswith("lossscale.") and callable(getattr(cell, "load_state_dict", None)):
         return f"a {type(cell).__name__}'s state loads with its load_state_dict(state_dict)."
     return "a bare network's weights load with mindspore.load_param_into_net."
@@ -217,8 +236,10 @@ def _check_restore_arguments(cell, param_dict):
     """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict (was an AttributeError)."""
     _check_train_cell(cell)
     if not isinstance(param_dict, dict):
-        raise TypeError(f"'param_dict' must be a dict of Parameter names to values (what mindspore.load_checkpoint "
-                        f"returns), but got {type(param_dict).__name__}.")
+        raise TypeError(
+            f"'param_dict' must be a dict of Parameter names to values (what mindspore.load_checkpoint "
+            f"returns), but got {type(param_dict).__name__}."
+        )
 
 
 def _checkpoint_array(name, value, parameter):
@@ -226,19 +247,24 @@ def _checkpoint_array(name, value, parameter):
     else ``TypeError``/``ValueError`` (nothing written yet: a later failure would leave a partial load)."""
     array = host_array(value)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise TypeError(f"the checkpoint's {name!r} must hold numbers, but got {value!r} of type "
-                        f"{type(value).__name__}.")
+        raise TypeError(
+            f"the checkpoint's {name!r} must hold numbers, but got {value!r} of type {type(value).__name__}."
+        )
     if array.shape != tuple(parameter.shape):
-        raise ValueError(f"the checkpoint's {name!r} has shape {array.shape}, but this train cell's has shape "
-                         f"{tuple(parameter.shape)}: it was saved by another configuration.")
+        raise ValueError(
+            f"the checkpoint's {name!r} has shape {array.shape}, but this train cell's has shape "
+            f"{tuple(parameter.shape)}: it was saved by another configuration."
+        )
     wanted = mstype.dtype_to_nptype(parameter.dtype)
     if np.issubdtype(wanted, np.integer):
         low, high = np.iinfo(wanted).min, np.iinfo(wanted).max
         with np.errstate(invalid="ignore"):
             whole = np.array_equal(array, np.trunc(array)) and bool(np.all((array >= low) & (array <= high)))
         if not whole:  # a cast would truncate or wrap around, and the wrapped value could pass the range checks
-            raise ValueError(f"the checkpoint's {name!r} must hold whole numbers in [{low}, {high}] (the Parameter "
-                             f"is {parameter.dtype}), but got {array.tolist()!r}.")
+            raise ValueError(
+                f"the checkpoint's {name!r} must hold whole numbers in [{low}, {high}] (the Parameter "
+                f"is {parameter.dtype}), but got {array.tolist()!r}."
+            )
     return array
 
 
@@ -260,14 +286,18 @@ def _refuse_lost_window(cell, param_dict):
     where = f"the checkpoint was saved inside an accumulation window ({MICRO_STEP}={done})"
     window = _accumulation_of(cell)
     if window is None:
-        raise ValueError(f"{where}, but this train cell has no accumulation (accumulation_steps=1): the window's "
-                         f"{done} micro-batch(es) would be lost. Resume with the accumulation_steps it was saved "
-                         f"with, or from a checkpoint saved at a window boundary.")
+        raise ValueError(
+            f"{where}, but this train cell has no accumulation (accumulation_steps=1): the window's "
+            f"{done} micro-batch(es) would be lost. Resume with the accumulation_steps it was saved "
+            f"with, or from a checkpoint saved at a window boundary."
+        )
     missing = [p.name for p in window.accumulators if p.name not in param_dict]
     if missing:
-        raise ValueError(f"{where} without its partial sums ({', '.join(missing)}): the window's mean would miss "
-                         f"{done} micro-batch(es). Save mid-window checkpoints with the accumulators (the train "
-                         f"cell's checkpoint_choice() keeps them), or resume from a window boundary.")
+        raise ValueError(
+            f"{where} without its partial sums ({', '.join(missing)}): the window's mean would miss "
+            f"{done} micro-batch(es). Save mid-window checkpoints with the accumulators (the train "
+            f"cell's checkpoint_choice() keeps them), or resume from a window boundary."
+        )
 
 
 def _from_mindspore_counters(cell, param_dict):
@@ -277,8 +307,11 @@ def _from_mindspore_counters(cell, param_dict):
     and not ours and ``cell`` has our dynamic update cell, else ``{}``. Checked like any loaded state."""
     update_cell = cell.loss_scaling_manager
     good_steps = getattr(update_cell, "good_steps", None)
-    if (not isinstance(update_cell, DynamicLossScaleUpdateCell) or good_steps.name in param_dict
-            or not all(name in param_dict for name in MINDSPORE_COUNTERS)):
+    if (
+        not isinstance(update_cell, DynamicLossScaleUpdateCell)
+        or good_steps.name in param_dict
+        or not all(name in param_dict for name in MINDSPORE_COUNTERS)
+    ):
         return {}
     counters = tuple(_count(param_dict[name]) for name in MINDSPORE_COUNTERS)
     if counters == FRESH_MINDSPORE_COUNTERS:  # a fresh cell's, or this library's CheckpointReceiver: nothing to say

@@ -1,6 +1,7 @@
 """The train cell's host-side API (a mixin of :class:`lossscale.TrainOneStepWithLossScaleCell`): its scale, counters
 and state, checked before the first step and after a load, and the checks run after a step on the host.
 """
+
 from mindspore import Tensor, nn
 
 from lossscale.core.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
@@ -20,12 +21,16 @@ class HostState:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
         value = float(self.loss_scaler.checked_scale(sens, "sens"))
         if self._optimizer_unscales:
-            raise ValueError("'set_sense_scale' cannot change the scale: the optimizer was built with "
-                             "loss_scale equal to the fixed scale and divides by it.")
+            raise ValueError(
+                "'set_sense_scale' cannot change the scale: the optimizer was built with "
+                "loss_scale equal to the fixed scale and divides by it."
+            )
         cell = self.loss_scaling_manager
         if isinstance(cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
-            raise ValueError(f"'set_sense_scale' cannot change the scale of a {type(cell).__name__}, which fixes it at "
-                             f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead.")
+            raise ValueError(
+                f"'set_sense_scale' cannot change the scale of a {type(cell).__name__}, which fixes it at "
+                f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead."
+            )
         self.loss_scaler.set_scale(sens)
 
     def get_loss_scale(self):

@@ -9,11 +9,12 @@ raises "Only `loss_scale_manager=None` ... are supported on device `CPU`".
 ``Model`` is ``mindspore.train.Model`` with that builder: callbacks,
 ``LossMonitor``, ``eval`` and metrics are MindSpore's.
 """
+
 import inspect
 
 from mindspore import Tensor, get_context, nn
-from mindspore.common import dtype as mstype
 from mindspore.amp import LossScaleManager
+from mindspore.common import dtype as mstype
 from mindspore.train import Model as _MindSporeModel
 from mindspore.train import amp as _ms_amp
 from mindspore.train import model as _ms_model
@@ -31,8 +32,16 @@ AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")
 _KWARGS = ("cast_model_type", "keep_batchnorm_fp32", "loss_scale_manager")
 # Keyword arguments passed through to TrainOneStepWithLossScaleCell.
-TRAIN_CELL_OPTIONS = ("clip_global_norm", "accumulation_steps", "overflow_policy", "max_consecutive_overflows",
-                      "debug_overflow", "overflow_check", "extra_outputs", "lr_per_micro_batch")
+TRAIN_CELL_OPTIONS = (
+    "clip_global_norm",
+    "accumulation_steps",
+    "overflow_policy",
+    "max_consecutive_overflows",
+    "debug_overflow",
+    "overflow_check",
+    "extra_outputs",
+    "lr_per_micro_batch",
+)
 
 
 def _refuse_loss_scale_optimizer(optimizer):
@@ -40,11 +49,13 @@ def _refuse_loss_scale_optimizer(optimizer):
     MindSpore's ``Model`` scales through ``loss_scale_manager``. Refused with the translation, instead of
     MindSpore's "The type of 'optimizer' should be one of ..." (or an unscaled training)."""
     if is_loss_scale_optimizer(optimizer):
-        raise TypeError(f"'optimizer' is a LossScaleOptimizer. Keras' Model.fit scales the loss for it; this Model "
-                        f"scales through 'loss_scale_manager': pass its inner optimizer with the same rule, "
-                        f"optimizer=opt.inner_optimizer, loss_scale_manager={_manager_for(optimizer)}. (A "
-                        f"LossScaleOptimizer scales in your own training step: get_scaled_loss, "
-                        f"get_unscaled_gradients, apply_gradients.)")
+        raise TypeError(
+            f"'optimizer' is a LossScaleOptimizer. Keras' Model.fit scales the loss for it; this Model "
+            f"scales through 'loss_scale_manager': pass its inner optimizer with the same rule, "
+            f"optimizer=opt.inner_optimizer, loss_scale_manager={_manager_for(optimizer)}. (A "
+            f"LossScaleOptimizer scales in your own training step: get_scaled_loss, "
+            f"get_unscaled_gradients, apply_gradients.)"
+        )
 
 
 def _manager_for(wrapper):
@@ -54,8 +65,10 @@ def _manager_for(wrapper):
     policy = wrapper.policy
     keras = get_preset("tf_keras", init_scale=policy.init_scale, growth_interval=policy.growth_interval)
     if policy == keras:
-        return (f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={policy.init_scale!r}, "
-                f"growth_interval={policy.growth_interval!r}))")
+        return (
+            f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={policy.init_scale!r}, "
+            f"growth_interval={policy.growth_interval!r}))"
+        )
     return f"DynamicLossScaleManager.from_policy({policy!r})"
 
 
@@ -71,23 +84,30 @@ def _check_build_arguments(network, optimizer, level, kwargs):
         if key not in _KWARGS + TRAIN_CELL_OPTIONS:
             raise ValueError(f"Unsupported keyword argument {key!r}; allowed: {_KWARGS + TRAIN_CELL_OPTIONS}.")
     if "cast_model_type" in kwargs and kwargs["cast_model_type"] not in (mstype.float16, mstype.float32):
-        raise TypeError(f"'cast_model_type' must be mindspore.float16 or mindspore.float32, but got "
-                        f"{kwargs['cast_model_type']!r} of type {type(kwargs['cast_model_type']).__name__}.")
+        raise TypeError(
+            f"'cast_model_type' must be mindspore.float16 or mindspore.float32, but got "
+            f"{kwargs['cast_model_type']!r} of type {type(kwargs['cast_model_type']).__name__}."
+        )
     if "keep_batchnorm_fp32" in kwargs:
         check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
     manager = kwargs.get("loss_scale_manager")
     if manager is not None and not isinstance(manager, LossScaleManager):
         advice = ""
         if hasattr(manager, "get_loss_scale"):
-            advice = (" An update cell is what a manager makes: give the manager (e.g. DynamicLossScaleManager(...)), "
-                      "or build TrainOneStepWithLossScaleCell with the update cell.")
-        raise TypeError(f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, "
-                        f"but got {type(manager).__name__}.{advice}")
+            advice = (
+                " An update cell is what a manager makes: give the manager (e.g. DynamicLossScaleManager(...)), "
+                "or build TrainOneStepWithLossScaleCell with the update cell."
+            )
+        raise TypeError(
+            f"'loss_scale_manager' must be a mindspore.amp.LossScaleManager, but got {type(manager).__name__}.{advice}"
+        )
     if _ms_amp._get_pipeline_stages() > 1:
-        raise ValueError("pipeline parallel (pipeline_stages > 1) needs MindSpore's pipeline train cell, which "
-                         "splits each step into micro-batches: build it with mindspore.amp.build_train_network and a "
-                         "lossscale update cell (manager.get_update_cell()); lossscale's train cell does not "
-                         "pipeline.")
+        raise ValueError(
+            "pipeline parallel (pipeline_stages > 1) needs MindSpore's pipeline train cell, which "
+            "splits each step into micro-batches: build it with mindspore.amp.build_train_network and a "
+            "lossscale update cell (manager.get_update_cell()); lossscale's train cell does not "
+            "pipeline."
+        )
 
 
 def _train_cell_defaults():
@@ -125,13 +145,17 @@ def check_boost_level(boost_level, options, manager):
     if boost_level == "O0":
         return
     if options:
-        raise ValueError(f"boost_level={boost_level!r} builds MindSpore's boost train cell, which has none of "
-                         f"lossscale's options: {', '.join(sorted(options))} would be ignored. Use boost_level='O0' "
-                         f"with them, or drop them.")
+        raise ValueError(
+            f"boost_level={boost_level!r} builds MindSpore's boost train cell, which has none of "
+            f"lossscale's options: {', '.join(sorted(options))} would be ignored. Use boost_level='O0' "
+            f"with them, or drop them."
+        )
     if manager is not None and get_context("device_target") == "CPU" and manager.get_update_cell() is not None:
-        raise ValueError(f"boost_level={boost_level!r} with a loss-scale manager builds MindSpore's "
-                         f"BoostTrainOneStepWithLossScaleCell, which does not run on CPU. Use boost_level='O0' (then "
-                         f"lossscale's train cell runs here).")
+        raise ValueError(
+            f"boost_level={boost_level!r} with a loss-scale manager builds MindSpore's "
+            f"BoostTrainOneStepWithLossScaleCell, which does not run on CPU. Use boost_level='O0' (then "
+            f"lossscale's train cell runs here)."
+        )
 
 
 def _mixed_precision_network(network, loss_fn, level, kwargs):
@@ -190,8 +214,9 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     if update_cell is not None:
         return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=update_cell, **options).set_train()
     fixed_scale = Tensor(1.0 if manager is None else float(manager.get_loss_scale()), mstype.float32)
-    return TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=fixed_scale, drop_overflow_update=False,
-                                         **options).set_train()
+    return TrainOneStepWithLossScaleCell(
+        network, optimizer, scale_sense=fixed_scale, drop_overflow_update=False, **options
+    ).set_train()
 
 
 class Model(_MindSporeModel):
@@ -215,8 +240,18 @@ class Model(_MindSporeModel):
         'TrainOneStepWithLossScaleCell'
     """
 
-    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None,
-                 amp_level="O0", boost_level="O0", **kwargs):
+    def __init__(
+        self,
+        network,
+        loss_fn=None,
+        optimizer=None,
+        metrics=None,
+        eval_network=None,
+        eval_indexes=None,
+        amp_level="O0",
+        boost_level="O0",
+        **kwargs,
+    ):
         _refuse_loss_scale_optimizer(optimizer)
         self._train_cell_options = {key: kwargs.pop(key) for key in TRAIN_CELL_OPTIONS if key in kwargs}
         check_boost_level(boost_level, self._train_cell_options, kwargs.get("loss_scale_manager"))
@@ -224,8 +259,9 @@ class Model(_MindSporeModel):
             check_bool("keep_batchnorm_fp32", kwargs["keep_batchnorm_fp32"])
         _check_train_cell_options(self._train_cell_options)
         _refuse_host_counting_manager(kwargs.get("loss_scale_manager"), self._train_cell_options)
-        super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level,
-                         **kwargs)
+        super().__init__(
+            network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, boost_level, **kwargs
+        )
 
     def _build_train_network(self):
         manager = self._loss_scale_manager if self._loss_scale_manager_set else None
@@ -237,8 +273,7 @@ class Model(_MindSporeModel):
             kwargs["loss_scale_manager"] = manager
         if self._keep_bn_fp32 is not None:
             kwargs["keep_batchnorm_fp32"] = self._keep_bn_fp32
-        network = build_train_network(self._network, self._optimizer, self._loss_fn, level=self._amp_level,
-                                      **kwargs)
+        network = build_train_network(self._network, self._optimizer, self._loss_fn, level=self._amp_level, **kwargs)
         _apply_declared_inputs(network, self._network, self._loss_fn)
         return network
 
@@ -249,11 +284,13 @@ def _refuse_host_counting_manager(manager, options):
     grows ahead of the device's and its ``bad_step`` stop never comes. Refused, with the replacement."""
     steps = options.get("accumulation_steps", 1)
     if isinstance(manager, _ms_amp.DynamicLossScaleManager) and steps > 1:
-        raise ValueError(f"accumulation_steps={steps} with MindSpore's DynamicLossScaleManager: Model calls its "
-                         f"update_loss_scale after every micro-batch and it counts each as an optimizer step, so "
-                         f"its get_loss_scale() and its stop after bad_step_max overflows would not follow the "
-                         f"training. Use lossscale.DynamicLossScaleManager (the same arguments), which counts "
-                         f"optimizer steps.")
+        raise ValueError(
+            f"accumulation_steps={steps} with MindSpore's DynamicLossScaleManager: Model calls its "
+            f"update_loss_scale after every micro-batch and it counts each as an optimizer step, so "
+            f"its get_loss_scale() and its stop after bad_step_max overflows would not follow the "
+            f"training. Use lossscale.DynamicLossScaleManager (the same arguments), which counts "
+            f"optimizer steps."
+        )
 
 
 def _apply_declared_inputs(train_network, network, loss_fn):

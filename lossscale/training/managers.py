@@ -8,6 +8,7 @@ the network in a train cell. From then on the device holds the truth:
 ``update_loss_scale()`` only refreshes the host mirror, so the policy is never
 applied twice.
 """
+
 import weakref
 
 import numpy as np
@@ -15,9 +16,15 @@ from mindspore.amp import LossScaleManager
 
 from lossscale.core._parameters import host_flags
 from lossscale.core._validation import check_bool, check_finite_in_range, read_only
-from lossscale.training.bookkeeping import PersistentOverflowError
-from lossscale.core.policy import initial_state, policy_extensions, policy_from_mindspore_arguments, state_from_dict, update
+from lossscale.core.policy import (
+    initial_state,
+    policy_extensions,
+    policy_from_mindspore_arguments,
+    state_from_dict,
+    update,
+)
 from lossscale.core.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+from lossscale.training.bookkeeping import PersistentOverflowError
 
 
 def overflow_decision(overflow):
@@ -32,8 +39,10 @@ def overflow_decision(overflow):
     """
     flags = host_flags(overflow)
     if flags is None:
-        raise TypeError(f"'overflow' must be a bool, or a bool Tensor or array (the train cell's flag), but got "
-                        f"{overflow!r} of type {type(overflow).__name__}.")
+        raise TypeError(
+            f"'overflow' must be a bool, or a bool Tensor or array (the train cell's flag), but got "
+            f"{overflow!r} of type {type(overflow).__name__}."
+        )
     return bool(np.all(flags))
 
 
@@ -89,9 +98,11 @@ class FixedLossScaleManager(LossScaleManager):
 
 # MindSpore's manager lets loss_scale, scale_factor and scale_window be assigned; its next update cell then uses
 # them while a running one keeps its own, and the attribute no longer says what trains. Ours refuses.
-_MANAGER_ADVICE = ("the rule is validated and fixed when the manager is built, and an update cell already in use would "
-                   "keep the old one. Build a new manager with the value you want (or DynamicLossScaleManager."
-                   "from_policy(policy)); to change a training cell's scale, use train_cell.set_sense_scale(Tensor(...)).")
+_MANAGER_ADVICE = (
+    "the rule is validated and fixed when the manager is built, and an update cell already in use would "
+    "keep the old one. Build a new manager with the value you want (or DynamicLossScaleManager."
+    "from_policy(policy)); to change a training cell's scale, use train_cell.set_sense_scale(Tensor(...))."
+)
 
 
 class DynamicLossScaleManager(LossScaleManager):
@@ -124,13 +135,31 @@ class DynamicLossScaleManager(LossScaleManager):
     scale_factor = read_only("scale_factor", _MANAGER_ADVICE)
     scale_window = read_only("scale_window", _MANAGER_ADVICE)
 
-    def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, *, backoff_factor=None,
-                 hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0, max_loss_scale=None,
-                 refill_hysteresis_on_backoff=False):
+    def __init__(
+        self,
+        init_loss_scale=2**24,
+        scale_factor=2,
+        scale_window=2000,
+        *,
+        backoff_factor=None,
+        hysteresis=1,
+        consecutive_hysteresis=False,
+        min_loss_scale=1.0,
+        max_loss_scale=None,
+        refill_hysteresis_on_backoff=False,
+    ):
         self.policy = policy_from_mindspore_arguments(
-            "init_loss_scale", init_loss_scale, scale_factor, scale_window, backoff_factor=backoff_factor,
-            hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale, refill_hysteresis_on_backoff=refill_hysteresis_on_backoff)
+            "init_loss_scale",
+            init_loss_scale,
+            scale_factor,
+            scale_window,
+            backoff_factor=backoff_factor,
+            hysteresis=hysteresis,
+            consecutive_hysteresis=consecutive_hysteresis,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+            refill_hysteresis_on_backoff=refill_hysteresis_on_backoff,
+        )
         self._scale_factor = scale_factor
         self._scale_window = scale_window
         self._state = initial_state(self.policy)
@@ -235,7 +264,8 @@ class DynamicLossScaleManager(LossScaleManager):
                 f"Dynamic loss scale Continuous overflow {self.bad_step} times, has exceeded maximum threshold "
                 f"(bad_step_max={self.bad_step_max}, as in MindSpore's manager); the loss scale is "
                 f"{self.get_loss_scale()!r}. Look for inf/nan in the data or the loss, or use the train cell's "
-                f"overflow_policy and max_consecutive_overflows.")
+                f"overflow_policy and max_consecutive_overflows."
+            )
         self.cur_iter += 1
 
     def get_drop_overflow_update(self):
@@ -257,8 +287,7 @@ class DynamicLossScaleManager(LossScaleManager):
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` (device values when in use)."""
         state = self.get_state()
-        return {"loss_scale": state.scale, "good_steps": state.good_steps,
-                "hysteresis_left": state.hysteresis_left}
+        return {"loss_scale": state.scale, "good_steps": state.good_steps, "hysteresis_left": state.hysteresis_left}
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output, into the device cell too when one is in use (validated: nothing

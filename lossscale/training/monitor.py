@@ -7,6 +7,7 @@ loss from cells in the style of mindcv and mindone, whose scale it then reads fr
 (the window), not per micro-batch. Converting the scalars to Python numbers syncs the host once
 per call.
 """
+
 import csv
 import math
 import numbers
@@ -30,8 +31,9 @@ def _array(name, value, allow_bool=False):
     ``allow_bool``: a flag); TypeError naming ``name``."""
     array = host_array(value)
     if array.size == 0 or not (np.issubdtype(array.dtype, np.number) or (allow_bool and array.dtype == np.bool_)):
-        raise TypeError(f"'{name}' must be a number or a Tensor of numbers, but got {value!r} of type "
-                        f"{type(value).__name__}.")
+        raise TypeError(
+            f"'{name}' must be a number or a Tensor of numbers, but got {value!r} of type {type(value).__name__}."
+        )
     return array
 
 
@@ -53,8 +55,9 @@ def _overflow(value):
     """An overflow flag: a bool, a NumPy bool or a one-value bool Tensor (a truthy string or None is refused)."""
     flags = host_flags(value)
     if flags is None or flags.size != 1:
-        raise TypeError(f"'overflow' must be a bool (or a one-value bool Tensor), but got {value!r} of type "
-                        f"{type(value).__name__}.")
+        raise TypeError(
+            f"'overflow' must be a bool (or a one-value bool Tensor), but got {value!r} of type {type(value).__name__}."
+        )
     return bool(flags.reshape(-1)[0])
 
 
@@ -95,8 +98,10 @@ def _accumulation_window(train_network):
 
 def _check_csv_path(csv_path):
     if csv_path is not None and (isinstance(csv_path, bool) or not isinstance(csv_path, (str, os.PathLike))):
-        raise TypeError(f"'csv_path' must be a file path (str or os.PathLike) or None, but got {csv_path!r} of type "
-                        f"{type(csv_path).__name__}.")
+        raise TypeError(
+            f"'csv_path' must be a file path (str or os.PathLike) or None, but got {csv_path!r} of type "
+            f"{type(csv_path).__name__}."
+        )
     if csv_path is not None and not os.fspath(csv_path):
         raise ValueError("'csv_path' must be a file path or None, but got '' (no CSV would be written).")
     return csv_path
@@ -104,8 +109,9 @@ def _check_csv_path(csv_path):
 
 def _check_stream(stream):
     if stream is not None and not callable(getattr(stream, "write", None)):
-        raise TypeError(f"'stream' must have a write() method (a text file) or be None, but got "
-                        f"{type(stream).__name__}.")
+        raise TypeError(
+            f"'stream' must have a write() method (a text file) or be None, but got {type(stream).__name__}."
+        )
     return stream
 
 
@@ -184,8 +190,17 @@ class LossScaleMonitor(Callback):
         scale = _scale("loss_scale", loss_scale)
         after = scale if next_loss_scale is None else _scale("next_loss_scale", next_loss_scale)
         skipped = (self.records[-1]["skipped_steps"] if self.records else 0) + int(overflow)
-        self.records.append({"step": len(self.records) + 1, "epoch": epoch, "loss": loss, "loss_scale": scale,
-                             "overflow": overflow, "skipped_steps": skipped, "next_loss_scale": after})
+        self.records.append(
+            {
+                "step": len(self.records) + 1,
+                "epoch": epoch,
+                "loss": loss,
+                "loss_scale": scale,
+                "overflow": overflow,
+                "skipped_steps": skipped,
+                "next_loss_scale": after,
+            }
+        )
 
     def on_train_begin(self, run_context):
         if self.csv_path:  # an unwritable path fails here, not after the whole training
@@ -269,21 +284,27 @@ class LossScaleMonitor(Callback):
         if not s["steps"]:
             return "loss scaling: no steps recorded" + self._open_window_text()
         share = 100.0 * s["skipped_steps"] / s["steps"]
-        text = (f"loss scaling: {plural(s['steps'], 'step')}, {s['skipped_steps']} skipped ({share:.1f}%) in "
-                f"{plural(s['overflow_events'], 'overflow event')}; scale min {format_scale(s['min_loss_scale'])}, "
-                f"max {format_scale(s['max_loss_scale'])}, final {format_scale(s['final_loss_scale'])}")
+        text = (
+            f"loss scaling: {plural(s['steps'], 'step')}, {s['skipped_steps']} skipped ({share:.1f}%) in "
+            f"{plural(s['overflow_events'], 'overflow event')}; scale min {format_scale(s['min_loss_scale'])}, "
+            f"max {format_scale(s['max_loss_scale'])}, final {format_scale(s['final_loss_scale'])}"
+        )
         if self.device_counters:
             c = self.device_counters
-            text += (f"\ndevice counters: {c['steps']} optimizer steps, {c['skipped_steps']} skipped, "
-                     f"{c['consecutive_overflows']} consecutive overflows now, last overflow at step "
-                     f"{c['last_overflow_step'] or 'none'}")
+            text += (
+                f"\ndevice counters: {c['steps']} optimizer steps, {c['skipped_steps']} skipped, "
+                f"{c['consecutive_overflows']} consecutive overflows now, last overflow at step "
+                f"{c['last_overflow_step'] or 'none'}"
+            )
         return text + self._open_window_text()
 
     def _open_window_text(self):
         if not self.open_window:
             return ""
-        return (f"\ntraining ended inside an accumulation window: {self.open_window[0]} of {self.open_window[1]} "
-                f"micro-batches accumulated, not applied yet (the next call continues the window)")
+        return (
+            f"\ntraining ended inside an accumulation window: {self.open_window[0]} of {self.open_window[1]} "
+            f"micro-batches accumulated, not applied yet (the next call continues the window)"
+        )
 
     def write_csv(self, path):
         """Write :attr:`records` as CSV with the columns :data:`FIELDS`, creating the missing folders (as

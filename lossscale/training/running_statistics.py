@@ -21,6 +21,7 @@ Example:
     >>> [p.name for p in RunningStatistics.of(nn.SequentialCell(nn.Dense(2, 2), nn.BatchNorm1d(2))).statistics]
     ['1.moving_mean', '1.moving_variance']
 """
+
 from mindspore import ParameterTuple, nn, ops
 
 _copy = ops.MultitypeFuncGraph("_copy")
@@ -47,8 +48,10 @@ def _holds_statistics(cell):
     """Whether ``cell`` holds running statistics: a non-trainable Parameter under one of :data:`STATISTIC_NAMES`.
     Told by what the layer holds, not by its class: MindSpore's amp O1 rewrite turns ``nn.BatchNorm1d`` into
     generated classes that, from the second network built in a process on, are no longer ``_BatchNorm``'s."""
-    return any(name in STATISTIC_NAMES and not parameter.requires_grad
-               for name, parameter in cell.parameters_and_names(expand=False))
+    return any(
+        name in STATISTIC_NAMES and not parameter.requires_grad
+        for name, parameter in cell.parameters_and_names(expand=False)
+    )
 
 
 class RunningStatistics(nn.Cell):

@@ -5,13 +5,13 @@ assign options of their own after ``__init__``. The options only our ``construct
 after building, and host-side features compiled into another graph are each refused instead of silently
 doing nothing. Host calls and traces are recorded by token (one per train cell), at compile time.
 """
+
 import contextlib
 import itertools
 
 from mindspore import ops
 
 from lossscale.core._validation import read_only
-
 
 _HOST_CALLS = set()  # tokens of the train cells whose __call__ is running (compiling or stepping)
 _TOKENS = itertools.count()
@@ -51,7 +51,8 @@ def refuse_options_without_construct(cell_class, token, options):
     raise RuntimeError(
         f"{', '.join(options)} would have no effect: {cell_class.__name__}.construct does not run "
         f"TrainOneStepWithLossScaleCell.construct (e.g. through super().construct(*inputs)), the only place they "
-        f"act. Build the cell without them, or do it in your construct (nothing ran yet).")
+        f"act. Build the cell without them, or do it in your construct (nothing ran yet)."
+    )
 
 
 @ops.constexpr
@@ -64,7 +65,8 @@ def refuse_reassigned_options(names):
         f"this cell's class assigned {', '.join(names)} after TrainOneStepWithLossScaleCell.__init__ and still runs "
         f"TrainOneStepWithLossScaleCell.construct, which keeps the values the cell was built with: give the options "
         f"to __init__ instead (super().__init__(network, optimizer, scale_sense, {option}=...)){part}, or name the "
-        f"subclass's own attributes differently.")
+        f"subclass's own attributes differently."
+    )
 
 
 @ops.constexpr
@@ -76,7 +78,8 @@ def refuse_without_host_call(token, features):
             f"this train cell checks {features} on the host after each call of the cell; compiled into another "
             f"graph (your own mindspore.jit function or Cell, or Model's dataset sink mode on GPU/Ascend) those "
             f"checks would silently not run. Call the train cell itself for each step (Model: "
-            f"dataset_sink_mode=False), or build it with overflow_policy='skip' and debug_overflow=False.")
+            f"dataset_sink_mode=False), or build it with overflow_policy='skip' and debug_overflow=False."
+        )
     return True
 
 
@@ -111,6 +114,7 @@ def built_option(name, getter=None):
 
     return property(get, assign, doc=f"``{name}`` as built (read-only unless a subclass has its own construct).")
 
+
 class SubclassChecks:
     """The train cell's host side that concerns subclasses (a mixin of
     :class:`lossscale.TrainOneStepWithLossScaleCell`): the options only its ``construct`` honours, the host features
@@ -123,11 +127,15 @@ class SubclassChecks:
         overrides it (checked at the first call: :meth:`__call__`); () otherwise."""
         if not overrides_construct(self):
             return ()
-        given = {"drop_overflow_update": not self._drop_overflow_update, "clip_global_norm": self.clipper is not None,
-                 "accumulation_steps": self._accumulation is not None,
-                 "overflow_policy": self.persistent_overflow.policy != "skip",
-                 "debug_overflow": self.forensics is not None, "extra_outputs": self._extra_outputs,
-                 "lr_per_micro_batch": self._lr_per_micro_batch}
+        given = {
+            "drop_overflow_update": not self._drop_overflow_update,
+            "clip_global_norm": self.clipper is not None,
+            "accumulation_steps": self._accumulation is not None,
+            "overflow_policy": self.persistent_overflow.policy != "skip",
+            "debug_overflow": self.forensics is not None,
+            "extra_outputs": self._extra_outputs,
+            "lr_per_micro_batch": self._lr_per_micro_batch,
+        }
         return tuple(f"{name}={getattr(self, name)!r}" for name, is_given in given.items() if is_given)
 
     def _describe_host_features(self):
@@ -150,9 +158,11 @@ class SubclassChecks:
         if value is current:
             return
         held = "no update cell (a Tensor scale_sense)" if current is None else f"a {type(current).__name__}"
-        raise AttributeError(f"{type(self).__name__}.loss_scaling_manager cannot be replaced: this cell holds {held}, "
-                             f"given when it was built, and its scale and compiled step are bound to it. Assigning the "
-                             f"same update cell again is accepted; for another rule, build a new train cell with it.")
+        raise AttributeError(
+            f"{type(self).__name__}.loss_scaling_manager cannot be replaced: this cell holds {held}, "
+            f"given when it was built, and its scale and compiled step are bound to it. Assigning the "
+            f"same update cell again is accepted; for another rule, build a new train cell with it."
+        )
 
     def compile(self, *args, **kwargs):
         """Compile ahead of the first call (MindSpore's ``Cell.compile``; ``Model.build`` uses it): the graph is

@@ -26,6 +26,7 @@ statistics, updated by the forward pass, are written back (:mod:`lossscale.train
 MindSpore and PyTorch keep them, inf/nan after a forward overflow). With accumulation they are
 written back per micro-batch whose own loss or gradients overflowed.
 """
+
 from mindspore import Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 
@@ -34,15 +35,30 @@ from lossscale.core._validation import check_bool, check_int_in_range
 from lossscale.core.clipping import GlobalNormClip, global_norm
 from lossscale.core.scaler import LossScaler, check_optimizer_loss_scale, refuse_bfloat16_on_cpu
 from lossscale.training.accumulation import GradientAccumulation
-from lossscale.training.arguments import (check_loss_output, check_train_arguments, fixed_scale_of,
-                                          refuse_nn_optimizer_options)
-from lossscale.training.bookkeeping import OverflowCounters, OverflowForensics, PersistentOverflowPolicy, check_debug_flag
+from lossscale.training.arguments import (
+    check_loss_output,
+    check_train_arguments,
+    fixed_scale_of,
+    refuse_nn_optimizer_options,
+)
+from lossscale.training.bookkeeping import (
+    OverflowCounters,
+    OverflowForensics,
+    PersistentOverflowPolicy,
+    check_debug_flag,
+)
 from lossscale.training.checkpoints import CheckpointReceiver
 from lossscale.training.host_state import HostState
 from lossscale.training.running_statistics import RunningStatistics
-from lossscale.training.subclass_checks import (SubclassChecks, built_option, host_call, host_call_token,
-                                                mark_own_construct_traced, refuse_reassigned_options,
-                                                refuse_without_host_call)
+from lossscale.training.subclass_checks import (
+    SubclassChecks,
+    built_option,
+    host_call,
+    host_call_token,
+    mark_own_construct_traced,
+    refuse_reassigned_options,
+    refuse_without_host_call,
+)
 
 
 def _add_mindspore_helpers(cell):
@@ -149,10 +165,22 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         (False, 4096.0, 1)
     """
 
-    def __init__(self, network, optimizer, scale_sense, *, drop_overflow_update=True, overflow_check=None,
-                 clip_global_norm=None, accumulation_steps=1, overflow_policy="skip",
-                 max_consecutive_overflows=None, debug_overflow=False, extra_outputs=False,
-                 lr_per_micro_batch=False):
+    def __init__(
+        self,
+        network,
+        optimizer,
+        scale_sense,
+        *,
+        drop_overflow_update=True,
+        overflow_check=None,
+        clip_global_norm=None,
+        accumulation_steps=1,
+        overflow_policy="skip",
+        max_consecutive_overflows=None,
+        debug_overflow=False,
+        extra_outputs=False,
+        lr_per_micro_batch=False,
+    ):
         check_train_arguments(network, optimizer, scale_sense)
         refuse_bfloat16_on_cpu(tuple(parameter.dtype for parameter in optimizer.parameters))
         super().__init__(network, optimizer, sens=None)
@@ -176,8 +204,9 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         self.running_statistics = RunningStatistics.of(network) if self._drop_overflow_update else None
         self._extra_outputs = check_bool("extra_outputs", extra_outputs)
         self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
-        refuse_nn_optimizer_options(optimizer, {"extra_outputs": self._extra_outputs,
-                                                "lr_per_micro_batch": self._lr_per_micro_batch})
+        refuse_nn_optimizer_options(
+            optimizer, {"extra_outputs": self._extra_outputs, "lr_per_micro_batch": self._lr_per_micro_batch}
+        )
         self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
@@ -205,24 +234,32 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
     accumulation_steps = built_option("accumulation_steps")
     extra_outputs = built_option("extra_outputs")
     lr_per_micro_batch = built_option("lr_per_micro_batch")
-    clip_global_norm = built_option("clip_global_norm",
-                                     lambda self: None if self.clipper is None else self.clipper.clip_norm)
+    clip_global_norm = built_option(
+        "clip_global_norm", lambda self: None if self.clipper is None else self.clipper.clip_norm
+    )
     overflow_policy = built_option("overflow_policy", lambda self: self.persistent_overflow.policy)
-    max_consecutive_overflows = built_option("max_consecutive_overflows",
-                                              lambda self: self.persistent_overflow.max_consecutive_overflows)
+    max_consecutive_overflows = built_option(
+        "max_consecutive_overflows", lambda self: self.persistent_overflow.max_consecutive_overflows
+    )
     debug_overflow = built_option("debug_overflow", lambda self: self.forensics is not None)
-    overflow_reports = property(lambda self: [] if self.forensics is None else self.forensics.reports,
-                                doc="Forensics reports of overflowing steps (debug_overflow=True).")
+    overflow_reports = property(
+        lambda self: [] if self.forensics is None else self.forensics.reports,
+        doc="Forensics reports of overflowing steps (debug_overflow=True).",
+    )
     # The accumulation part (None without one). Model-zoo accumulation cells assign the name as a flag of their own.
     accumulation = built_option("accumulation")
-    accumulators = property(lambda self: self._accumulation.accumulators,
-                            doc="The float32 accumulators (float64 for float64 weights).")
+    accumulators = property(
+        lambda self: self._accumulation.accumulators, doc="The float32 accumulators (float64 for float64 weights)."
+    )
     steps = property(lambda self: self.counters.steps, doc="Counter Parameter: optimizer steps (windows).")
     skipped_steps = property(lambda self: self.counters.skipped_steps, doc="Counter Parameter: skipped steps.")
-    consecutive_overflows = property(lambda self: self.counters.consecutive_overflows,
-                                     doc="Counter Parameter: overflows in a row.")
-    last_overflow_step = property(lambda self: self.counters.last_overflow_step,
-                                  doc="Counter Parameter: 1-based step of the last overflow, 0 = never.")
+    consecutive_overflows = property(
+        lambda self: self.counters.consecutive_overflows, doc="Counter Parameter: overflows in a row."
+    )
+    last_overflow_step = property(
+        lambda self: self.counters.last_overflow_step,
+        doc="Counter Parameter: 1-based step of the last overflow, 0 = never.",
+    )
 
     def __call__(self, *args, **kwargs):
         self.loss_scaler.check_update_cell_owner()
@@ -315,8 +352,9 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
             overflow, norm, learning_rate = self._finish_step(window_flag, mean)
             overflow = ops.depend(overflow, self._accumulation.reset())
             if self._lr_per_micro_batch and self._drop_overflow_update:  # a skipped window's last micro-batch counts
-                overflow = ops.depend(overflow, ops.assign_add(self.optimizer.global_step,
-                                                               ops.cast(overflow, mstype.int32)))
+                overflow = ops.depend(
+                    overflow, ops.assign_add(self.optimizer.global_step, ops.cast(overflow, mstype.int32))
+                )
         else:
             done = self._accumulation.carry(window_flag, micro)
             if self._lr_per_micro_batch:
