@@ -1,5 +1,6 @@
 """A port is one import: ``lossscale.torch``, ``lossscale.paddle`` and ``lossscale.keras`` give each framework's
 front-end with its own arguments, defaults, rule and state-dict keys; the top-level names keep working."""
+
 import inspect
 
 import pytest
