@@ -50,17 +50,15 @@ from mindspore.ops import constexpr
 from lossscale.core import overflow as _overflow
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import outside_graph, read_scalar, write_parameter
-from lossscale.core._validation import check_bool, check_int_in_range, positive_float32, read_only
+from lossscale.core._validation import check_bool, positive_float32, read_only
 from lossscale.core._warnings import warn_at_caller
 from lossscale.core.compat import differentiating
 from lossscale.core.parallel import is_parallel, refuse_parallel_mode_set_after_build
 from lossscale.core.policy import LossScalePolicy, state_dict_values
+from lossscale.core.rule_kinds import rule_kind
 from lossscale.core.update_cells import (
     DynamicLossScaleUpdateCell,
-    FixedLossScaleUpdateCell,
-    check_fixed_state,
     check_overflow_argument,
-    mindspore_good_steps,
 )
 
 
@@ -134,22 +132,6 @@ def _check_loss(loss):
             f"'outputs' must be a Tensor (a loss) or a nested tuple/list of Tensors, but got "
             f"{type(loss).__name__} {loss!r}: scale the loss tensor itself."
         )
-
-
-def _mindspore_good_steps_of(state, window):
-    """``state['good_steps']`` checked against MindSpore's dynamic update cell's ``window``, or None when the state
-    has only the scale (a state of 0.1.0, which kept the scale only for MindSpore's cell)."""
-    if "good_steps" not in state:
-        return None
-    value = state_dict_values(state, ("good_steps",))["good_steps"]
-    return check_int_in_range("state_dict['good_steps']", value, low=0, high=window - 1)
-
-
-def _set_mindspore_good_steps(cell, good_steps):
-    """Give MindSpore's own dynamic update cell ``good_steps`` clean steps in a row (its rule reads only the
-    difference of its two step numbers)."""
-    write_parameter(cell.cur_iter, good_steps + 1)
-    write_parameter(cell.last_overflow_iter, 0)
 
 
 def _overflow_tensor(overflow):
@@ -309,16 +291,18 @@ class LossScaler(nn.Cell):
         self.check = _overflow.make_overflow_check(overflow_check)
         self.update_cell, initial, shape = self._adopt_rule(rule, mutable_rule)
         self._frozen = check_bool("frozen", frozen)
-        if frozen and self.dynamic:
+        if frozen and rule_kind(self.update_cell, False).dynamic:
             raise ValueError(
                 "'frozen' needs a fixed scale (a number, a Tensor or a fixed update cell), but the rule is dynamic."
             )
+        # What decides the scale, chosen once: the host methods below ask it (lossscale.core.rule_kinds).
+        self._kind = rule_kind(self.update_cell, frozen, float(initial))
         scale_name = "scale_sense" if name is None else f"{name}.scale"
         value = Tensor(np.full(shape, initial, np.float32))
         # A frozen scale is a constant of the graph: no checkpoint or host write can change it.
         self.scale_value = value if frozen else Parameter(value, name=scale_name, requires_grad=False)
         self._frozen_scale = float(initial)
-        if name is not None and isinstance(self.update_cell, DynamicLossScaleUpdateCell):
+        if name is not None and hasattr(self.update_cell, "rename_parameters"):
             self.update_cell.rename_parameters(name)
         if self.update_cell is not None and hasattr(self.update_cell, "bind_scale_parameter"):
             self.update_cell.bind_scale_parameter(self.scale_value)
@@ -441,16 +425,12 @@ class LossScaler(nn.Cell):
     def policy(self):
         """The dynamic rule (:class:`lossscale.core.policy.LossScalePolicy`), or None for a fixed scale or a
         foreign update cell."""
-        return getattr(self.update_cell, "policy", None)
+        return self._kind.policy
 
     @property
     def dynamic(self):
         """Whether the scale changes with overflows."""
-        if self.update_cell is None or isinstance(
-            self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)
-        ):
-            return False
-        return getattr(self.update_cell, "dynamic", True)
+        return self._kind.dynamic
 
     def get_scale(self):
         """The scale the device holds: eagerly a Python float (one host sync); inside a compiled function a
@@ -471,16 +451,7 @@ class LossScaler(nn.Cell):
         cell holds one scale's counters, so two train cells sharing one would grow and back off each other's
         scales, silently. A cell that is no longer used may lose its update cell freely, and a fixed update cell,
         which holds nothing, may be shared (host; no sync)."""
-        if not isinstance(self.update_cell, DynamicLossScaleUpdateCell):
-            return
-        owner = self.update_cell.scale_parameter
-        if owner is not None and owner is not self.scale_value:
-            raise RuntimeError(
-                f"this train cell's update cell ({type(self.update_cell).__name__}) was adopted by "
-                f"another train cell since: one update cell holds one scale's counters, and two "
-                f"cells using it would change each other's scales. Give each train cell its own "
-                f"update cell (manager.get_update_cell() makes a new one at each call)."
-            )
+        self._kind.check_owner(self)
 
     def set_scale(self, value):
         """Write a new scale (host to device, no graph rebuild): :meth:`checked_scale` first, so a dynamic rule's
@@ -501,11 +472,11 @@ class LossScaler(nn.Cell):
             ValueError: 'scale' must be within the update cell's [min_loss_scale, max_loss_scale] = [1.0, 16.0], ...
         """
         scale = positive_scale(argument, value)
-        policy = self.policy
-        if isinstance(self.update_cell, DynamicLossScaleUpdateCell) and not policy.floor <= scale <= policy.ceiling:
+        bounds = self._kind.bounds()
+        if bounds is not None and not bounds[0] <= scale <= bounds[1]:
             raise ValueError(
                 f"'{argument}' must be within the update cell's [min_loss_scale, max_loss_scale] = "
-                f"[{policy.floor!r}, {policy.ceiling!r}], but got {float(scale)!r}."
+                f"[{bounds[0]!r}, {bounds[1]!r}], but got {float(scale)!r}."
             )
         return scale
 
@@ -522,34 +493,14 @@ class LossScaler(nn.Cell):
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (counters only for a
         dynamic rule of ours; ``good_steps`` also for MindSpore's own dynamic update cell; one host sync)."""
-        if isinstance(self.update_cell, DynamicLossScaleUpdateCell):
-            return self.update_cell.state_dict()
-        if isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
-            return {
-                "loss_scale": self.get_scale(),
-                "good_steps": mindspore_good_steps(self.update_cell.cur_iter, self.update_cell.last_overflow_iter),
-            }
-        return {"loss_scale": self.get_scale()}
+        return self._kind.state_dict(self)
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output (validated; nothing changes on error). A fixed update cell's or a frozen
         scale cannot change: its state must hold that scale."""
-        if self._frozen:
-            check_fixed_state(state, self._frozen_scale)
-        elif isinstance(self.update_cell, DynamicLossScaleUpdateCell):
-            self.update_cell.load_state_dict(state)
-        elif isinstance(self.update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
-            check_fixed_state(state, self.update_cell.get_loss_scale())
-        elif isinstance(self.update_cell, nn.DynamicLossScaleUpdateCell):
-            scale = self._loaded_scale(state)
-            good_steps = _mindspore_good_steps_of(state, self.update_cell.scale_window)
-            write_parameter(self.scale_value, scale)
-            if good_steps is not None:
-                _set_mindspore_good_steps(self.update_cell, good_steps)
-        else:
-            write_parameter(self.scale_value, self._loaded_scale(state))
+        self._kind.load_state_dict(self, state)
 
-    def _loaded_scale(self, state):
+    def loaded_scale(self, state):
         """``state['loss_scale']`` as :meth:`checked_scale` gives it, an error naming that key."""
         return self.checked_scale(state_dict_values(state, ("loss_scale",))["loss_scale"], "state_dict['loss_scale']")
 
