@@ -518,7 +518,7 @@ def test_loss_scaler_settings_are_checked_and_change_nothing(method, value):
         _refused(call, argument, bad)
         if argument == "dynamic" and bad is not None:
             _refused(lambda: core.set_rule(dynamic=bad), argument, bad)
-            _refused(lambda: DynamicLossScaleUpdateCell(8.0, 2, 10).hold_rule_in_parameters(bad), argument, bad)
+            _refused(lambda: DynamicLossScaleUpdateCell(8.0, 2, 10, mutable_rule=True).set_dynamic(bad), argument, bad)
     assert core.state_dict() == before and core.dynamic
 
 

@@ -62,8 +62,7 @@ def _switchable_driver(consecutive):
     """A compiled driver of a cell whose rule is held in Parameters, one per hysteresis mode (shared by the tests)."""
     driver = _SWITCHABLE.get(consecutive)
     if driver is None:
-        cell = DynamicLossScaleUpdateCell(1.0, 2, 1, consecutive_hysteresis=consecutive)
-        cell.hold_rule_in_parameters()
+        cell = DynamicLossScaleUpdateCell(1.0, 2, 1, consecutive_hysteresis=consecutive, mutable_rule=True)
         driver = _SWITCHABLE.setdefault(consecutive, UpdateCellDriver(cell))
     return driver
 
@@ -238,22 +237,34 @@ def _parameter_names(cell):
     return sorted(parameter.name for parameter in cell.get_parameters())
 
 
-def test_rule_parameters_take_the_prefix_in_either_order_and_are_made_once():
-    """rename_parameters() before hold_rule_in_parameters() left the rule's Parameters unprefixed
-    ('loss_scale_growth_factor' in two cells of one graph collide); a second hold_rule_in_parameters() replaced
-    the Parameters a compiled graph holds (its set_policy() would no longer reach it) and dropped their prefix."""
-    renamed_first, held_first = (DynamicLossScaleUpdateCell(8.0, 2, 10) for _ in range(2))
-    renamed_first.rename_parameters("p")
-    renamed_first.hold_rule_in_parameters()
-    held_first.hold_rule_in_parameters()
-    held_first.rename_parameters("p")
-    assert _parameter_names(renamed_first) == _parameter_names(held_first)
-    names = _parameter_names(held_first)
-    assert all(name.startswith("p.") for name in names) and len(names) == 9
-    parameters = list(held_first.get_parameters())
-    with pytest.raises(RuntimeError, match="already called"):
-        held_first.hold_rule_in_parameters(dynamic=False)
-    assert list(held_first.get_parameters()) == parameters and held_first.dynamic
+def test_a_mutable_rule_is_chosen_when_the_cell_is_built_and_its_parameters_take_the_prefix():
+    """The rule's numbers are Parameters from the start (two cells of one graph each with its own prefix), and
+    whether they are is fixed: assigning mutable_rule is refused, a compiled graph keeps its Parameters."""
+    constant, mutable = (
+        DynamicLossScaleUpdateCell(8.0, 2, 10),
+        DynamicLossScaleUpdateCell(8.0, 2, 10, mutable_rule=True),
+    )
+    mutable.rename_parameters("p")
+    assert _parameter_names(constant) == ["loss_scale_good_steps", "loss_scale_hysteresis_left"]
+    assert _parameter_names(mutable) == sorted(
+        f"p.{name}"
+        for name in (
+            "good_steps",
+            "hysteresis_left",
+            "growth_factor",
+            "backoff_factor",
+            "min_scale",
+            "max_scale",
+            "window",
+            "full_hysteresis",
+            "dynamic",
+        )
+    )
+    assert (constant.mutable_rule, mutable.mutable_rule, mutable.dynamic) == (False, True, True)
+    with pytest.raises(AttributeError, match="fixed when the cell is built"):
+        constant.mutable_rule = True
+    with pytest.raises(TypeError, match="'mutable_rule' must be a bool"):
+        DynamicLossScaleUpdateCell(8.0, 2, 10, mutable_rule=1)
 
 
 # label: (policy in FIXED_POLICIES, state written straight into the Parameters, flag, that state brought within
@@ -321,9 +332,9 @@ def test_a_cell_switched_to_a_fixed_scale_changes_nothing_where_the_rule_would()
 def test_set_policy_and_set_dynamic_need_the_rule_in_parameters_and_the_same_hysteresis_mode():
     cell = DynamicLossScaleUpdateCell(2.0**10, 2, 5, hysteresis=3)
     for call in (lambda: cell.set_policy(cell.policy), lambda: cell.set_dynamic(False)):
-        with pytest.raises(RuntimeError, match=r"needs hold_rule_in_parameters\(\) first"):
+        with pytest.raises(RuntimeError, match=r"needs an update cell built with mutable_rule=True"):
             call()
-    cell.hold_rule_in_parameters()
+    cell = DynamicLossScaleUpdateCell(2.0**10, 2, 5, hysteresis=3, mutable_rule=True)
     before = (cell.policy, cell.get_state())
     for mode in ({"consecutive_hysteresis": True}, {"refill_hysteresis_on_backoff": True}):
         with pytest.raises(ValueError, match="'policy' must keep the hysteresis mode of this update cell"):
@@ -368,7 +379,7 @@ def test_a_fixed_cell_loads_its_own_state_dict_of_a_scale_float32_cannot_hold():
 
 def test_the_rule_cannot_be_assigned_only_set():
     """`cell.policy = p` was accepted: the host then reported the new rule while a compiled step kept the old one.
-    Assigning it is refused, naming set_policy(); set_policy() changes both (after hold_rule_in_parameters())."""
+    Assigning it is refused, naming set_policy(); set_policy() changes both (with mutable_rule=True)."""
     cell = DynamicLossScaleUpdateCell(1024.0, 2.0, 1000)
     with pytest.raises(
         AttributeError,
@@ -377,7 +388,7 @@ def test_the_rule_cannot_be_assigned_only_set():
     ):
         cell.policy = LossScalePolicy(init_scale=8.0)
     assert cell.policy.growth_interval == 1000
-    cell.hold_rule_in_parameters()
+    cell = DynamicLossScaleUpdateCell(1024.0, 2.0, 1000, mutable_rule=True)
     cell.set_policy(LossScalePolicy(init_scale=1024.0, growth_interval=5))
     assert cell.policy.growth_interval == 5 and cell.scale_window == 5
 

@@ -316,9 +316,7 @@ class LossScaler(nn.Cell):
     def _adopt_rule(rule, mutable_rule):
         """``(update cell or None, initial scale, scale shape)`` for the accepted kinds of ``rule``."""
         if isinstance(rule, LossScalePolicy):
-            cell = DynamicLossScaleUpdateCell.from_policy(rule)
-            if mutable_rule:
-                cell.hold_rule_in_parameters()
+            cell = DynamicLossScaleUpdateCell.from_policy(rule, mutable_rule=mutable_rule)
             return cell, cell.get_loss_scale(), ()
         initial, shape = rule_scale(rule)
         return (rule if isinstance(rule, nn.Cell) else None), initial, shape
@@ -412,8 +410,8 @@ class LossScaler(nn.Cell):
 
     def dynamic_flag(self):
         """Graph: whether the scale is currently dynamic (a Parameter with a mutable rule, else a constant)."""
-        if getattr(self.update_cell, "_switchable", False):
-            return self.update_cell._dynamic
+        if getattr(self.update_cell, "mutable_rule", False):
+            return self.update_cell.dynamic_flag()
         return Tensor(self.dynamic, mstype.bool_)
 
     def assign_scale(self, value):
@@ -483,7 +481,7 @@ class LossScaler(nn.Cell):
     def set_rule(self, policy=None, state=None, dynamic=None):
         """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic."""
         cell = self.update_cell
-        if not getattr(cell, "_switchable", False):
+        if not getattr(cell, "mutable_rule", False):
             raise RuntimeError("set_rule() needs a LossScaler built with mutable_rule=True.")
         if policy is not None or state is not None:
             cell.set_policy(policy or cell.policy, state)

@@ -245,6 +245,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             or only on growth (False, default).
         min_loss_scale (float): floor, >= 0. Default 1.0 (MindSpore's floor).
         max_loss_scale (float, optional): ceiling; default the largest float32.
+        mutable_rule (bool): hold the rule's numbers (factors, bounds, window, hysteresis) and a
+            dynamic/fixed switch in Parameters, so that :meth:`set_policy` and :meth:`set_dynamic` reach
+            graphs compiled before them (what :class:`lossscale.GradScaler`'s setters need). Default
+            False: the rule is a constant of the compiled graph.
 
     Inputs:
         - **loss_scale** (Parameter) - float32 scale of shape () or (1,), updated in place.
@@ -263,9 +267,10 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
     scale_window = read_only("scale_window", _CELL_ADVICE)
     policy = read_only(
         "policy",
-        "a compiled step keeps the rule it was built with. Call hold_rule_in_parameters() "
-        "and then set_policy(policy), or build a new cell (from_policy(policy)).",
+        "a compiled step keeps the rule it was built with. Build the cell with mutable_rule=True "
+        "and call set_policy(policy), or build a new cell (from_policy(policy)).",
     )
+    mutable_rule = read_only("mutable_rule", "whether the rule is held in Parameters is fixed when the cell is built.")
 
     def __init__(
         self,
@@ -279,6 +284,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         min_loss_scale=1.0,
         max_loss_scale=None,
         refill_hysteresis_on_backoff=False,
+        mutable_rule=False,
     ):
         policy = policy_from_mindspore_arguments(
             "loss_scale_value",
@@ -295,17 +301,22 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         super().__init__(loss_scale_value)
         self._policy = policy
         self._scale_factor, self._scale_window = scale_factor, scale_window
-        self._growth_factor = Tensor(policy.growth_factor, mstype.float32)
-        self._backoff_factor = Tensor(policy.backoff_factor, mstype.float32)
-        self._min_scale = Tensor(policy.floor, mstype.float32)
-        self._max_scale = Tensor(policy.ceiling, mstype.float32)
-        self._window = Tensor(policy.growth_interval, mstype.int32)
-        self._full_hysteresis = Tensor(policy.hysteresis, mstype.int32)
+        self._mutable_rule = check_bool("mutable_rule", mutable_rule)
+        for name, value, dtype in (
+            ("_growth_factor", policy.growth_factor, mstype.float32),
+            ("_backoff_factor", policy.backoff_factor, mstype.float32),
+            ("_min_scale", policy.floor, mstype.float32),
+            ("_max_scale", policy.ceiling, mstype.float32),
+            ("_window", policy.growth_interval, mstype.int32),
+            ("_full_hysteresis", policy.hysteresis, mstype.int32),
+        ):
+            setattr(self, name, self._rule_number(name, Tensor(value, dtype)))
+        if mutable_rule:
+            self._dynamic = self._rule_number("_dynamic", Tensor(True, mstype.bool_))
         self._tiny = Tensor(FLOAT32_TINY, mstype.float32)
         self._zero = Tensor(0, mstype.int32)
         self._one = Tensor(1, mstype.int32)
         self._consecutive = policy.consecutive_hysteresis
-        self._switchable = False
         start = initial_state(policy)
         self.good_steps = Parameter(
             Tensor(start.good_steps, mstype.int32), name="loss_scale_good_steps", requires_grad=False
@@ -321,30 +332,12 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         for attribute, parameter in self.parameters_and_names():
             parameter.name = f"{prefix}.{attribute.split('.')[-1].lstrip('_')}"
 
-    def hold_rule_in_parameters(self, dynamic=True):
-        """Keep the rule's numbers (factors, bounds, window, hysteresis) and a dynamic/fixed switch in
-        Parameters, so :meth:`set_policy` and :meth:`set_dynamic` take effect in graphs compiled before.
-
-        Used by :class:`lossscale.GradScaler`, whose setters must reach a compiled step. With
-        ``dynamic`` False the cell leaves the scale and counters unchanged (a fixed scale).
-        """
-        check_bool("dynamic", dynamic)
-        if self._switchable:  # again would replace the Parameters a compiled graph holds, and drop their prefix
-            raise RuntimeError(
-                "hold_rule_in_parameters() was already called on this update cell: use set_policy() "
-                "and set_dynamic() to change the rule."
-            )
-        renamed = self.good_steps.name[: -len(".good_steps")] if self.good_steps.name.endswith(".good_steps") else None
-
-        def parameter_name(attribute):  # the prefix of rename_parameters() if it ran before, as it would give
-            return f"loss_scale{attribute}" if renamed is None else f"{renamed}.{attribute.lstrip('_')}"
-
-        for name in ("_growth_factor", "_backoff_factor", "_min_scale", "_max_scale", "_window", "_full_hysteresis"):
-            value = getattr(self, name)
-            delattr(self, name)
-            setattr(self, name, Parameter(value, name=parameter_name(name), requires_grad=False))
-        self._dynamic = Parameter(Tensor(dynamic, mstype.bool_), name=parameter_name("_dynamic"), requires_grad=False)
-        self._switchable = True
+    def _rule_number(self, attribute, value):
+        """One of the rule's numbers: a Parameter (``loss_scale_<attribute>``) when the rule is mutable, else a
+        constant of the graph."""
+        if not self._mutable_rule:
+            return value
+        return Parameter(value, name=f"loss_scale{attribute}", requires_grad=False)
 
     def rule_value(self, field):
         """The rule's ``field`` (``growth_factor``, ``backoff_factor``, ``growth_interval`` or ``hysteresis``):
@@ -359,15 +352,19 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             raise ValueError(f"'field' must be one of {tuple(_RULE_ATTRIBUTES)}, but got {field!r}.")
         return read_scalar(getattr(self, _RULE_ATTRIBUTES[field]), host_value=getattr(self._policy, field))
 
+    def dynamic_flag(self):
+        """Graph: the bool Parameter saying whether the cell updates the scale now (a mutable rule only)."""
+        return self._dynamic
+
     @property
     def dynamic(self):
-        """Whether the cell updates the scale (always True unless the rule is held in Parameters)."""
-        return bool(self._dynamic.asnumpy()) if self._switchable else True
+        """Whether the cell updates the scale (always True unless the rule is mutable)."""
+        return bool(self._dynamic.asnumpy()) if self._mutable_rule else True
 
     def set_dynamic(self, dynamic):
-        """Turn the update on or off (a cell whose rule is held in Parameters only)."""
-        if not self._switchable:
-            raise RuntimeError("set_dynamic() needs hold_rule_in_parameters() first.")
+        """Turn the update on or off (a cell built with ``mutable_rule=True`` only)."""
+        if not self._mutable_rule:
+            raise RuntimeError("set_dynamic() needs an update cell built with mutable_rule=True.")
         write_parameter(self._dynamic, check_bool("dynamic", dynamic))
 
     def set_policy(self, policy, state=None):
@@ -376,8 +373,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         Validated first: nothing changes on error. Without a ``state`` the current one is kept
         and clipped to the new bounds (counters to the new window and hysteresis).
         """
-        if not self._switchable:
-            raise RuntimeError("set_policy() needs hold_rule_in_parameters() first.")
+        if not self._mutable_rule:
+            raise RuntimeError("set_policy() needs an update cell built with mutable_rule=True.")
         if not isinstance(policy, LossScalePolicy):
             raise TypeError(
                 f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "
@@ -425,15 +422,22 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         return scale, good_steps, hysteresis
 
     @classmethod
-    def from_policy(cls, policy):
-        """An update cell applying ``policy`` (e.g. a preset from :mod:`lossscale.core.presets`).
+    def from_policy(cls, policy, mutable_rule=False):
+        """An update cell applying ``policy`` (e.g. a preset from :mod:`lossscale.core.presets`); ``mutable_rule``
+        as in the constructor.
 
         Example:
             >>> from lossscale.core.presets import get_preset
             >>> DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch")).get_loss_scale()
             65536.0
         """
-        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval, **policy_extensions(policy))
+        return cls(
+            policy.init_scale,
+            policy.growth_factor,
+            policy.growth_interval,
+            mutable_rule=mutable_rule,
+            **policy_extensions(policy),
+        )
 
     def get_state(self):
         """The current :class:`lossscale.core.policy.LossScaleState` (syncs the host)."""
@@ -485,7 +489,7 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         new_scale = ops.select(overflow, scale_if_overflow, scale_if_clean)
         new_good = ops.select(overflow, self._zero, good_if_clean)
         new_hysteresis = ops.select(overflow, hysteresis_if_overflow, hysteresis_if_clean)
-        if self._switchable:  # a fixed scale leaves everything as it is
+        if self._mutable_rule:  # a fixed scale leaves everything as it is
             new_scale = ops.select(self._dynamic, new_scale, loss_scale)
             new_good = ops.select(self._dynamic, new_good, self.good_steps)
             new_hysteresis = ops.select(self._dynamic, new_hysteresis, self.hysteresis_left)
