@@ -56,6 +56,12 @@ class UpdateCellDriver(nn.Cell):
         return scales
 
 
+@pytest.fixture(params=[False, True], ids=["eager", "jit"])
+def compiled(request):
+    """A test taking ``compiled`` runs twice: eagerly, and under mindspore.jit (``nets.jit_if(compiled, step)``)."""
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     ms.set_seed(0)

@@ -235,7 +235,7 @@ class ReferenceRun:
         if compiled == "bytecode":
             self.train_step = ms.jit(train_step, capture_mode="bytecode")
         else:
-            self.train_step = ms.jit(train_step) if compiled else train_step
+            self.train_step = jit_if(compiled, train_step)
 
     def iteration(self, x, y):
         """One step on numpy ``x, y``; True if it was skipped."""
@@ -372,3 +372,25 @@ def misuse_our_scaler(scaler, optimizer, grads, kind):
         scaler.unscale_(grads)
     else:
         scaler.update()
+
+
+class Square(nn.Cell):
+    """Keras' example: ``loss = var ** 2`` with ``var = 1``."""
+
+    def __init__(self, value=1.0, dtype=np.float32):
+        super().__init__()
+        self.var = Parameter(Tensor(np.array(value, dtype)), name="var")
+
+    def construct(self):
+        return self.var**2
+
+
+def scalar_of(opt_or_param):
+    """The host float of a one-element Tensor or Parameter."""
+    return float(opt_or_param.asnumpy().item())
+
+
+def jit_if(compiled, function):
+    """``mindspore.jit(function)`` when ``compiled``, else ``function``: the one switch of the tests that run each
+    case eagerly and compiled (the ``compiled`` fixture of conftest.py)."""
+    return ms.jit(function) if compiled else function

@@ -17,7 +17,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
-from nets import regression_net
+from nets import jit_if, regression_net
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -148,7 +148,6 @@ def test_manager_update_loss_scale_takes_a_bool_flag(manager, overflow):
     assert made.get_loss_scale() == expected
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize(
     "make",
     [lambda: DynamicLossScaleUpdateCell(8.0, 2, 10), lambda: FixedLossScaleUpdateCell(8.0)],
@@ -168,7 +167,7 @@ def test_update_cell_call_takes_one_bool_tensor(overflow, make, compiled):
         return x, cell(scale, overflow)
 
     with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
-        (ms.jit(call) if compiled else call)(Tensor(np.float32(1.0)))
+        jit_if(compiled, call)(Tensor(np.float32(1.0)))
     assert scale.asnumpy() == 8.0
     cell(scale, Tensor(True))
     assert scale.asnumpy() == (4.0 if isinstance(cell, DynamicLossScaleUpdateCell) else 8.0)
@@ -232,7 +231,7 @@ def _bfloat16_regression():
 def _grad_scaler_step(net, optimizer, compiled):
     scaler = GradScaler("cpu")
     grads = tuple(Tensor(np.ones(parameter.shape, np.float32), ms.bfloat16) for parameter in optimizer.parameters)
-    step = ms.jit(scaler.step) if compiled else scaler.step
+    step = jit_if(compiled, scaler.step)
     return step(optimizer, grads)
 
 
@@ -434,7 +433,6 @@ def test_loss_scaler(name, value):
         assert f"a LossScalePolicy, a number or a Tensor, but got {type(value).__name__}." in message, message
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize(
     "overflow",
     [Tensor(np.float32(1.0)), Tensor(np.int32(1)), Tensor(np.array([True, False])) * 1.0, "yes", 1],
@@ -451,7 +449,7 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
         return x, core.adjust(overflow=overflow)
 
     with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
-        (ms.jit(adjust) if compiled else adjust)(Tensor(np.float32(1.0)))
+        jit_if(compiled, adjust)(Tensor(np.float32(1.0)))
     assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
     core.adjust(overflow=True)
     core.adjust(overflow=Tensor(False))
@@ -459,7 +457,6 @@ def test_loss_scaler_adjust_takes_the_decision_only(overflow, compiled):
     assert core.get_scale() == 16.0  # backed off to 4, then grew after each clean step
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize(
     "call, got",
     [
@@ -488,7 +485,7 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, got, compil
 
     grads = (Tensor(np.ones(2, np.float32)),)
     with pytest.raises(TypeError, match=rf"adjust\(overflow=\.\.\.\).*but got {got}.*opposite.*logical_not"):
-        (ms.jit(adjust) if compiled else adjust)(grads)
+        jit_if(compiled, adjust)(grads)
     assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
     core.adjust(overflow=ops.logical_not(ms.amp.all_finite(grads)))  # the translation the message gives
     assert core.get_scale() == 16.0
@@ -535,7 +532,6 @@ def test_loss_scaler_scale_set_within_the_rule_loads_back():
         )
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 def test_a_fixed_scale_core_takes_the_decision_only_too(compiled):
     """A fixed scale has no update cell to check the flag: the core checks it itself (a float flag passed)."""
     core = LossScaler(8.0, name=f"fixed_adjust_{compiled}")
@@ -544,7 +540,7 @@ def test_a_fixed_scale_core_takes_the_decision_only_too(compiled):
         return core.adjust(overflow=flag)
 
     with pytest.raises(TypeError, match="'overflow' must be a bool Tensor"):
-        (ms.jit(adjust) if compiled else adjust)(Tensor(np.float32(1.0)))
+        jit_if(compiled, adjust)(Tensor(np.float32(1.0)))
     assert bool(adjust(Tensor(True)).asnumpy()) and core.get_scale() == 8.0
 
 

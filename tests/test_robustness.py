@@ -1,6 +1,6 @@
-"""Train cell, Model and checkpoints: no silent failure. One regression test per defect of issue 13 (each
-failed on the code before it), checkpoint paths as differential runs against an uninterrupted run; and the
-core's arithmetic, which every front-end shares (float64 gradients)."""
+"""Train cell, Model and the core: no silent failure. Skip decisions where features meet (accumulation,
+zero-size parameters, bfloat16 and float64), extra outputs, parallel modes, Model and build_train_network, and a
+loss scaled outside the differentiated function."""
 
 import contextlib
 import warnings
@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore.common import dtype as mstype
-from nets import (
-    Float64Regression,
-    PlainSGD,
-    changed_since,
-    regression_batches,
-    regression_net,
-    snapshot,
-    train_calls,
-    training_state,
-)
+from nets import Float64Regression, PlainSGD, changed_since, jit_if, regression_net, training_state
+from train_cell_harness import BATCHES, dynamic_cell, run_cell, same_weights, save_cell_checkpoint
 
 from lossscale import (
     DynamicLossScaleManager,
@@ -34,563 +26,6 @@ from lossscale import (
     TrainOneStepWithLossScaleCell,
     build_train_network,
 )
-from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, restore_loss_scale
-
-BATCHES = regression_batches(8, seed=11)
-
-
-def _dynamic_cell(net=None, **kwargs):
-    net = net or regression_net()
-    manager = DynamicLossScaleManager(init_loss_scale=2**12, scale_window=2, **kwargs)
-    return TrainOneStepWithLossScaleCell(net, nn.Momentum(net.trainable_params(), 0.02, 0.9), manager.get_update_cell())
-
-
-def _run(cell, batches, inject=()):
-    """Call ``cell`` on ``batches`` (an inf in the input of the calls in ``inject``); return flags and scales."""
-    return train_calls(cell, batches, inject)[1:]
-
-
-def _same_weights(a, b):
-    for name, value in training_state(a).items():
-        np.testing.assert_array_equal(training_state(b)[name], value, err_msg=name)
-
-
-def _checkpoint(cell, path):
-    ms.save_checkpoint(cell, str(path))
-    return ms.load_checkpoint(str(path))
-
-
-# ---- checkpoints ---------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_is_loaded(tmp_path):
-    """MindSpore's recipe: FixedLossScaleManager(S, False) and an optimizer with loss_scale=S. A checkpoint of a
-    dynamic run (scale_sense = 2**16) used to replace the scale while the optimizer kept dividing by S."""
-    dynamic = _dynamic_cell()
-    dynamic.set_sense_scale(Tensor(np.float32(2**16)))
-    saved = _checkpoint(dynamic, tmp_path / "dynamic.ckpt")
-
-    def recipe():
-        net = regression_net()
-        manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
-        cell = build_train_network(
-            net,
-            nn.Momentum(net.trainable_params(), 0.02, 0.9, loss_scale=1024.0),
-            level="O0",
-            loss_scale_manager=manager,
-        )
-        return cell, manager
-
-    resumed, manager = recipe()
-    not_loaded, unused = ms.load_param_into_net(resumed, saved)
-    assert "scale_sense" in unused and "scale_sense" not in {p.name for p in resumed.get_parameters()}
-    uninterrupted, _ = recipe()
-    ms.load_param_into_net(uninterrupted, {k: v for k, v in saved.items() if k != "scale_sense"})
-    assert _run(resumed, BATCHES) == _run(uninterrupted, BATCHES)
-    _same_weights(resumed, uninterrupted)
-    assert resumed.get_loss_scale() == manager.get_loss_scale() == 1024.0 and not_loaded == []
-
-
-def test_an_inf_scale_in_a_checkpoint_is_refused_before_the_first_step(tmp_path):
-    """MindSpore's own cell writes inf once its scale grows past 2**127; such a checkpoint used to skip every
-    step forever, silently, and overflow_policy='raise' never fired."""
-    source = _dynamic_cell()
-    source.loss_scaler.scale_value.set_data(Tensor(np.float32(np.inf)))
-    saved = _checkpoint(source, tmp_path / "inf.ckpt")
-    target = _dynamic_cell()
-    ms.load_param_into_net(target, saved)
-    before = snapshot(target)
-    x, y = BATCHES[0]
-    with pytest.raises(ValueError, match=r"'scale_sense' holds inf: a loss scale must be finite and > 0"):
-        target(Tensor(x), Tensor(y))
-    assert changed_since(before, target, snapshot) == []
-    target.load_state_dict({"loss_scale": 1024.0, "good_steps": 0, "hysteresis_left": 1})
-    assert _run(target, BATCHES[:2]) == ([False, False], [1024.0, 2048.0])
-
-
-def test_counters_of_another_configuration_are_refused(tmp_path):
-    """A hysteresis_left of 3 from a hysteresis-3 run, loaded into a hysteresis-1 cell, used to absorb overflows."""
-    source = _dynamic_cell(hysteresis=3)
-    saved = _checkpoint(source, tmp_path / "h3.ckpt")
-    target = _dynamic_cell()
-    ms.load_param_into_net(target, saved)
-    with pytest.raises(
-        ValueError,
-        match=r"'loss_scale_hysteresis_left' must be an int in \[1, 1\], but got 3\. "
-        r"The loaded state does not belong",
-    ):
-        target.check_state()
-    counters = _dynamic_cell()
-    counters.counters.steps.set_data(Tensor(-5, mstype.int32))
-    with pytest.raises(ValueError, match=r"'loss_scale_steps' must be an int in \[0, 2147483647\], but got -5\."):
-        counters.check_state()
-
-
-def _accumulating_cell():
-    net = regression_net()
-    return TrainOneStepWithLossScaleCell(
-        net,
-        nn.SGD(net.trainable_params(), 0.02),
-        DynamicLossScaleManager(2**12, scale_window=2).get_update_cell(),
-        accumulation_steps=3,
-    )
-
-
-def _fixed_cell():
-    net = regression_net()
-    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02), FixedLossScaleUpdateCell(1024.0))
-
-
-# (cell, Parameter name, value written as a checkpoint load would, message)
-FOREIGN_STATES = [
-    (
-        lambda: _dynamic_cell(max_loss_scale=2.0**14),
-        "scale_sense",
-        np.float32(2.0**15),
-        r"'scale_sense' must be a finite number in \[1\.0, 16384\.0\], but got 32768\.0\.",
-    ),
-    (
-        lambda: _dynamic_cell(min_loss_scale=4.0),
-        "scale_sense",
-        np.float32(2.0),
-        r"'scale_sense' must be a finite number in \[4\.0, ",
-    ),
-    (
-        _dynamic_cell,
-        "loss_scale_good_steps",
-        np.int32(2),
-        r"'loss_scale_good_steps' must be an int in \[0, 1\], but got 2\.",
-    ),
-    (
-        _fixed_cell,
-        "scale_sense",
-        np.float32(2048.0),
-        r"'scale_sense' must equal the fixed loss scale 1024\.0, but got 2048\.0\.",
-    ),
-    (
-        _accumulating_cell,
-        "loss_scale_micro_step",
-        np.int32(3),
-        r"'loss_scale_micro_step' must be an int in \[0, 2\], but got 3\.",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "make, name, value, message",
-    FOREIGN_STATES,
-    ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step"],
-)
-def test_a_loaded_state_outside_the_cells_rule_is_refused_before_the_first_step(make, name, value, message):
-    cell = make()
-    parameter = next(p for p in cell.get_parameters() if p.name == name)
-    ms.load_param_into_net(cell, {name: Parameter(Tensor(value), name=name)})
-    before = snapshot(cell)
-    x, y = BATCHES[0]
-    with pytest.raises(ValueError, match=message + ".*does not belong to this train cell's configuration"):
-        cell(Tensor(x), Tensor(y))
-    assert parameter.asnumpy().item() == value.item()
-    assert changed_since(before, cell, snapshot) == []  # nothing ran
-
-
-def test_the_update_cell_recovers_from_a_state_loaded_after_the_first_step():
-    """A load after the first step is not checked on the host; the update cell brings the state back within
-    its rule instead of keeping inf (inf * 0.5 is inf)."""
-    cell = _dynamic_cell(max_loss_scale=2.0**20)
-    _run(cell, BATCHES[:1])
-    cell.loss_scaler.scale_value.set_data(Tensor(np.float32(np.inf)))
-    flags, scales = _run(cell, BATCHES[1:3])
-    assert flags == [True, False] and scales == [2.0**19, 2.0**19]
-
-
-@pytest.mark.slow
-def test_weights_only_checkpoint_starts_the_scale_fresh(tmp_path):
-    trained = _dynamic_cell()
-    _run(trained, BATCHES[:3], inject={1})
-    weights = {
-        k: v
-        for k, v in _checkpoint(trained, tmp_path / "all.ckpt").items()
-        if not k.startswith(("scale_sense", "loss_scale_"))
-    }
-    resumed, fresh = _dynamic_cell(), _dynamic_cell()
-    ms.load_param_into_net(resumed, weights)
-    ms.load_param_into_net(fresh, weights)
-    assert resumed.get_loss_scale() == 4096.0
-    assert _run(resumed, BATCHES[3:]) == _run(fresh, BATCHES[3:])
-    _same_weights(resumed, fresh)
-
-
-@pytest.mark.slow
-def test_a_checkpoint_loaded_into_the_bare_network_restores_the_scale_with_restore_loss_scale(tmp_path):
-    """The usual MindSpore way (load_param_into_net(network, ckpt), then the train cell) silently restarted the
-    scale; restore_loss_scale(cell, ckpt) continues exactly as the uninterrupted run."""
-    uninterrupted = _dynamic_cell()
-    _run(uninterrupted, BATCHES[:4], inject={1})
-    saved = _checkpoint(uninterrupted, tmp_path / "cell.ckpt")
-    network = regression_net()
-    ms.load_param_into_net(network, saved)
-    resumed = _dynamic_cell(net=network)
-    ms.load_param_into_net(resumed.optimizer, saved)
-    assert resumed.get_loss_scale() == 4096.0  # what the bare-network load gives: the initial scale
-    names = restore_loss_scale(resumed, saved)
-    assert "scale_sense" in names and resumed.get_loss_scale() == uninterrupted.get_loss_scale()
-    assert _run(resumed, BATCHES[4:], inject={6}) == _run(uninterrupted, BATCHES[4:], inject={6})
-    _same_weights(resumed, uninterrupted)
-    with pytest.raises(ValueError, match="holds none of this train cell's loss-scale state"):
-        restore_loss_scale(
-            _dynamic_cell(), {k: v for k, v in saved.items() if not k.startswith("loss_scale_") and k != "scale_sense"}
-        )
-
-
-class _MindSporeLossScaleState(nn.Cell):
-    """What a checkpoint of MindSpore's own train cell holds of the loss scale: its ``scale_sense`` and its dynamic
-    update cell's counters (its train cell cannot run on CPU; its update cell can)."""
-
-    def __init__(self, init_scale, window):
-        super().__init__(auto_prefix=False)
-        self.scale_sense = Parameter(Tensor(np.float32(init_scale)), name="scale_sense")
-        self.update_cell = nn.DynamicLossScaleUpdateCell(init_scale, 2, window)
-
-    def construct(self, overflow):
-        return self.update_cell(self.scale_sense, overflow)
-
-
-@pytest.mark.slow
-def test_restore_loss_scale_continues_a_checkpoint_of_mindspores_own_cell(tmp_path):
-    """MindSpore's update cell counts steps (current_iterator_step, last_overflow_iterator_step), ours the clean
-    steps in a row: restore_loss_scale translates them, so a run moved from MindSpore's cell to ours continues as
-    ours would have (the two rules agree below the ceiling). Without the translation the clean steps were lost
-    and growth came a window late."""
-    uninterrupted = _dynamic_cell()
-    flags, scales = _run(uninterrupted, BATCHES, inject={1, 4})
-    theirs = _MindSporeLossScaleState(2.0**12, 2)
-    for flag in flags[:6]:  # a clean step ends the saved part: the count is 1 of a window of 2
-        theirs(Tensor(flag))
-    saved = _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt")
-    assert float(saved["scale_sense"].asnumpy()) == scales[5]
-    resumed = _dynamic_cell()
-    assert restore_loss_scale(resumed, saved) == ["loss_scale_good_steps", "scale_sense"]
-    assert _run(resumed, BATCHES[6:]) == (flags[6:], scales[6:]) and scales[6] == 2 * scales[5]
-    longer_window = _MindSporeLossScaleState(2.0**12, 8)  # 3 clean steps: more than a window of 2 allows
-    for _ in range(3):
-        longer_window(Tensor(False))
-    target = _dynamic_cell()
-    with pytest.raises(ValueError, match="loss_scale_good_steps"):
-        restore_loss_scale(target, _checkpoint(longer_window, tmp_path / "window8.ckpt"))
-    assert target.state_dict()["good_steps"] == 0 and target.get_loss_scale() == 2.0**12
-
-
-@pytest.mark.slow
-def test_load_param_into_net_continues_a_checkpoint_of_mindspores_own_cell_as_restore_loss_scale(tmp_path):
-    """The same checkpoint loaded the usual MindSpore way, into the train cell: its step counters are received under
-    their names and become the clean-step count before the next step (growth came up to a window late), and the
-    counters are put back to a fresh cell's, so that a later check does not apply them again."""
-    uninterrupted = _dynamic_cell()
-    flags, scales = _run(uninterrupted, BATCHES, inject={1, 4})
-    theirs = _MindSporeLossScaleState(2.0**12, 2)
-    for flag in flags[:6]:
-        theirs(Tensor(flag))
-    resumed = _dynamic_cell()
-    ms.load_param_into_net(resumed, _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt"))
-    assert _run(resumed, BATCHES[6:7]) == (flags[6:7], scales[6:7]) and scales[6] == 2 * scales[5]
-    resumed.check_state()
-    assert _run(resumed, BATCHES[7:]) == (flags[7:], scales[7:])
-    longer_window = _MindSporeLossScaleState(2.0**12, 8)  # 3 clean steps: more than a window of 2 allows
-    for _ in range(3):
-        longer_window(Tensor(False))
-    target = _dynamic_cell()
-    ms.load_param_into_net(target, _checkpoint(longer_window, tmp_path / "window8.ckpt"))
-    with pytest.raises(ValueError, match="loss_scale_good_steps"):
-        target(*(Tensor(a) for a in BATCHES[0]))
-    assert target.state_dict()["good_steps"] == 0 and target.overflow_counters()["steps"] == 0
-
-
-@pytest.mark.parametrize("ours, expected", [(None, 1), (0, 0)], ids=["MindSpore's only", "both"])
-def test_restore_loss_scale_translates_mindspores_counters_only_without_ours(ours, expected, tmp_path):
-    """A checkpoint holding our clean-step count as well as MindSpore's step numbers restores ours as saved; the
-    translation is for a checkpoint without it (one clean step: MindSpore's counters say 1)."""
-    theirs = _MindSporeLossScaleState(2.0**12, 2)
-    theirs(Tensor(False))
-    saved = _checkpoint(theirs, tmp_path / "mindspore_cell.ckpt")
-    if ours is not None:
-        saved["loss_scale_good_steps"] = Parameter(Tensor(np.int32(ours)), name="loss_scale_good_steps")
-    resumed = _dynamic_cell()
-    assert restore_loss_scale(resumed, saved) == ["loss_scale_good_steps", "scale_sense"]
-    assert resumed.state_dict()["good_steps"] == expected
-
-
-def _cell_with_mindspores_update_cell(net=None):
-    net = net or regression_net()
-    return TrainOneStepWithLossScaleCell(
-        net, nn.Momentum(net.trainable_params(), 0.02, 0.9), nn.DynamicLossScaleUpdateCell(2.0**12, 2, 2)
-    )
-
-
-@pytest.mark.slow
-def test_restore_loss_scale_keeps_the_counters_of_mindspores_update_cell_in_our_cell(tmp_path):
-    """Our train cell also runs MindSpore's own update cell; restore_loss_scale restored only scale_sense of it and
-    left its step counters behind, so growth came late after a resume."""
-    cell = _cell_with_mindspores_update_cell
-    uninterrupted = cell()
-    flags, scales = _run(uninterrupted, BATCHES[:6], inject={1, 4})
-    saved = _checkpoint(uninterrupted, tmp_path / "ms_update_cell.ckpt")
-    network = regression_net()
-    ms.load_param_into_net(network, saved)
-    resumed = cell(network)
-    ms.load_param_into_net(resumed.optimizer, saved)
-    assert {"current_iterator_step", "last_overflow_iterator_step", "scale_sense"} <= set(
-        restore_loss_scale(resumed, saved)
-    )
-    assert _run(resumed, BATCHES[6:]) == _run(uninterrupted, BATCHES[6:])
-    _same_weights(resumed, uninterrupted)
-
-
-@pytest.mark.slow
-def test_state_dict_of_a_cell_with_mindspores_update_cell_keeps_the_clean_steps():
-    """With MindSpore's own update cell, state_dict() held the scale only: a resume from it lost the clean steps
-    counted so far (growth a window late). It now holds them as good_steps, in our format, and loads them into a
-    fresh cell and into one that has run (whose last overflow came after the saved one: MindSpore's cell keeps
-    step numbers, so both of them are rewritten); a value beyond the cell's window is refused and changes
-    nothing; a scale-only state (0.1.0's) still loads."""
-    uninterrupted = _cell_with_mindspores_update_cell()
-    _run(uninterrupted, BATCHES[:6], inject={1, 4})
-    state = uninterrupted.state_dict()
-    assert state == {"loss_scale": 2.0**11, "good_steps": 1}
-    weights = training_state(uninterrupted)
-    resumed = [_cell_with_mindspores_update_cell(), _cell_with_mindspores_update_cell()]
-    _run(resumed[1], BATCHES[:7], inject={6})
-    for cell in resumed:
-        ms.load_param_into_net(
-            cell,
-            {
-                name: Parameter(Tensor(value), name=name)  # weights and optimizer state
-                for name, value in weights.items()
-            },
-        )
-        cell.load_state_dict(state)
-        assert cell.state_dict() == state
-    expected = _run(uninterrupted, BATCHES[6:])
-    assert [_run(cell, BATCHES[6:]) for cell in resumed] == [expected, expected]
-    target = _cell_with_mindspores_update_cell()
-    with pytest.raises(ValueError, match=r"'state_dict\['good_steps'\]' must be an int in \[0, 1\], but got 2"):
-        target.load_state_dict({"loss_scale": 512.0, "good_steps": 2})
-    assert target.state_dict() == {"loss_scale": 2.0**12, "good_steps": 0}
-    with pytest.raises(TypeError, match="'state_dict' must be a dict, but got NoneType"):
-        target.load_state_dict(None)
-    target.load_state_dict({"loss_scale": 512.0})
-    assert target.state_dict() == {"loss_scale": 512.0, "good_steps": 0}
-
-
-def test_restore_loss_scale_changes_nothing_when_the_state_is_invalid(tmp_path):
-    source = _dynamic_cell(hysteresis=2)
-    saved = _checkpoint(source, tmp_path / "h2.ckpt")
-    target = _dynamic_cell()
-    before = snapshot(target)
-    with pytest.raises(ValueError, match="loss_scale_hysteresis_left"):
-        restore_loss_scale(target, saved)
-    assert changed_since(before, target, snapshot) == []
-    reshaped = dict(saved, scale_sense=Parameter(Tensor(np.full((1, 1), 8.0, np.float32)), name="scale_sense"))
-    with pytest.raises(
-        ValueError,
-        match=r"the checkpoint's 'scale_sense' has shape \(1, 1\), but this train "
-        r"cell's has shape \(\)",
-    ):
-        restore_loss_scale(target, reshaped)  # (MindSpore's loader raised RuntimeError after a partial load)
-    assert changed_since(before, target, snapshot) == []
-
-
-def _refusal_cases():
-    cell = _dynamic_cell()
-    int32 = "must hold whole numbers in \\[-2147483648, 2147483647\\] \\(the Parameter is Int32\\)"
-    return cell, [
-        ((cell, None), TypeError, "'param_dict' must be a dict of Parameter names to values.*got NoneType"),
-        ((cell, [("scale_sense", 8.0)]), TypeError, "'param_dict' must be a dict.*got list"),
-        (
-            (cell.network, {"scale_sense": 8.0}),
-            TypeError,
-            "'cell' must be a lossscale.TrainOneStepWithLossScaleCell, "
-            "but got WithLossCell: a bare network's weights load with "
-            "mindspore.load_param_into_net",
-        ),
-        (
-            (GradScaler(), {"scale_sense": 8.0}),
-            TypeError,
-            "but got GradScaler: a GradScaler's state loads with its load_state_dict",
-        ),
-        (
-            (DynamicLossScaleManager(), {}),
-            TypeError,
-            "but got DynamicLossScaleManager: a DynamicLossScaleManager's state loads with its load_state_dict",
-        ),
-        (
-            (LossScaleOptimizer(nn.SGD(cell.network.trainable_params(), 0.1)), {}),
-            TypeError,
-            "but got LossScaleOptimizer: a LossScaleOptimizer's scale is one of its Parameters: "
-            "mindspore.load_param_into_net\\(optimizer, checkpoint\\)",
-        ),
-        (
-            (cell, {"loss_scale_good_steps": np.int32(1), "scale_sense": "8"}),
-            TypeError,
-            "the checkpoint's 'scale_sense' must hold numbers, but got '8' of type str",
-        ),
-        ((cell, {"loss_scale_good_steps": np.float32(1.5)}), ValueError, int32 + ", but got 1.5"),
-        ((cell, {"loss_scale_good_steps": np.float32(np.nan)}), ValueError, int32 + ", but got nan"),
-        # 2**32 + 1 would wrap to 1 in int32, which the state check then accepted
-        ((cell, {"loss_scale_good_steps": np.int64(2**32 + 1)}), ValueError, int32 + ", but got 4294967297"),
-    ]
-
-
-def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_anything():
-    """Not a train cell, not a dict: a TypeError naming the argument (was an AttributeError). An entry that is not
-    a number, or a fractional, non-finite or out-of-range value for an integer counter: refused before anything
-    is written (a string was MindSpore's conversion error after the earlier entries were written; 1.5 was
-    truncated to 1, 2**32 + 1 wrapped to 1)."""
-    cell, cases = _refusal_cases()
-    before = snapshot(cell)
-    for arguments, error, pattern in cases:
-        with pytest.raises(error, match=pattern):
-            restore_loss_scale(*arguments)
-        assert changed_since(before, cell, snapshot) == [], pattern
-    for public in (check_cell_state, checkpoint_choice):
-        with pytest.raises(
-            TypeError, match="'cell' must be a lossscale.TrainOneStepWithLossScaleCell, but got WithLossCell"
-        ):
-            public(cell.network)
-    assert restore_loss_scale(cell, {"loss_scale_good_steps": np.float64(1.0)}) == ["loss_scale_good_steps"]
-    assert cell.state_dict()["good_steps"] == 1  # a whole float is a count
-
-
-def _accumulating_cell(net=None):
-    net = net or regression_net()
-    return TrainOneStepWithLossScaleCell(
-        net,
-        nn.SGD(net.trainable_params(), 0.05),
-        DynamicLossScaleManager(2**10, scale_window=3).get_update_cell(),
-        accumulation_steps=2,
-    )
-
-
-@pytest.mark.slow
-def test_accumulators_are_left_out_of_checkpoints_at_window_boundaries(tmp_path):
-    """And one choice function serves every later save: it reads the window's position at each save (it read it
-    once, when built, so a function kept from a boundary dropped the partial sums of a mid-window save)."""
-    cell = _accumulating_cell
-    uninterrupted = cell()
-    _run(uninterrupted, BATCHES[:4])
-    path = tmp_path / "boundary.ckpt"
-    choose = uninterrupted.checkpoint_choice()
-    ms.save_checkpoint(uninterrupted, str(path), choice_func=choose)
-    saved = ms.load_checkpoint(str(path))
-    assert not [k for k in saved if k.startswith("loss_scale_accumulator.")] and "loss_scale_micro_step" in saved
-    resumed = cell()
-    not_loaded, _ = ms.load_param_into_net(resumed, saved)
-    assert all(name.startswith("loss_scale_accumulator.") for name in not_loaded)
-    assert _run(resumed, BATCHES[4:]) == _run(uninterrupted, BATCHES[4:])
-    _same_weights(resumed, uninterrupted)
-    _run(uninterrupted, BATCHES[:1])  # mid-window: the accumulators are kept, also by the function built before
-    mid = tmp_path / "mid.ckpt"
-    ms.save_checkpoint(uninterrupted, str(mid), choice_func=choose)
-    assert [k for k in ms.load_checkpoint(str(mid)) if k.startswith("loss_scale_accumulator.")]
-
-
-@pytest.mark.slow
-def test_restore_loss_scale_refuses_a_mid_window_checkpoint_it_cannot_continue(tmp_path):
-    """A checkpoint saved inside an accumulation window holds the window's partial sums: restored into an
-    accumulating cell it continues exactly. It did not: restore_loss_scale loaded with MindSpore's
-    load_param_into_net, whose suffix matching (for the weights the partial dict lacks) wrote each
-    loss_scale_accumulator.<w> into <w>, so the weights became the partial sums. Restored into a cell without
-    accumulation, or without the sums, the window's micro-batches were silently dropped (and, without the sums,
-    the window's mean came out too small); refused now, and nothing changes."""
-    uninterrupted = _accumulating_cell()
-    _run(uninterrupted, BATCHES[:3])  # one micro-batch into the second window
-    saved = _checkpoint(uninterrupted, tmp_path / "mid.ckpt")
-    network = regression_net()
-    ms.load_param_into_net(network, saved)
-    resumed = _accumulating_cell(network)
-    ms.load_param_into_net(resumed.optimizer, saved)
-    assert "loss_scale_micro_step" in restore_loss_scale(resumed, saved)
-    _same_weights(resumed, uninterrupted)
-    assert _run(resumed, BATCHES[3:], inject={5}) == _run(uninterrupted, BATCHES[3:], inject={5})
-    _same_weights(resumed, uninterrupted)
-    without_sums = {k: v for k, v in saved.items() if not k.startswith("loss_scale_accumulator.")}
-    no_window = r"inside an accumulation window \(loss_scale_micro_step=1\).* has no accumulation"
-    for target, state, error in [
-        (_dynamic_cell(), saved, no_window + r" \(accumulation_steps=1\)"),
-        (_dynamic_cell(), {k: v.asnumpy() for k, v in saved.items()}, no_window),  # a dict of arrays too
-        (
-            _accumulating_cell(),
-            without_sums,
-            r"inside an accumulation window \(loss_scale_micro_step=1\) "
-            r"without its partial sums \(loss_scale_accumulator\.",
-        ),
-    ]:
-        before = snapshot(target)
-        with pytest.raises(ValueError, match=error):
-            restore_loss_scale(target, state)
-        assert changed_since(before, target, snapshot) == []
-
-
-def test_load_param_into_net_of_a_mid_window_checkpoint_into_a_cell_without_accumulation_is_refused(tmp_path):
-    """As restore_loss_scale refuses it: the micro-batch count is received under its name, and the check before the
-    first step refuses it (the window's micro-batches would be lost), changing nothing."""
-    uninterrupted = _accumulating_cell()
-    _run(uninterrupted, BATCHES[:3])  # one micro-batch into the second window
-    target = _dynamic_cell()
-    ms.load_param_into_net(target, _checkpoint(uninterrupted, tmp_path / "mid.ckpt"))
-    before = snapshot(target)
-    with pytest.raises(
-        ValueError,
-        match=r"inside an accumulation window \(loss_scale_micro_step=1\).* has no "
-        r"accumulation \(accumulation_steps=1\)",
-    ):
-        target(*(Tensor(a) for a in BATCHES[3]))
-    assert changed_since(before, target, snapshot) == []
-
-
-def _write_inf_with_set_data(cell):
-    cell.scale_sense.set_data(Tensor(np.float32(np.inf)))
-
-
-def _write_inf_with_load_param_into_net(cell):
-    ms.load_param_into_net(cell, {"scale_sense": Parameter(Tensor(np.float32(np.inf)), name="scale_sense")})
-
-
-@pytest.mark.parametrize(
-    "write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net], ids=["set_data", "load_param_into_net"]
-)
-@pytest.mark.parametrize(
-    "scale_sense",
-    [lambda: Tensor(np.float32(8.0)), lambda: FixedLossScaleUpdateCell(8.0)],
-    ids=["Tensor", "fixed update cell"],
-)
-@pytest.mark.slow
-def test_a_non_finite_fixed_scale_written_into_a_running_cell_is_refused(scale_sense, write):
-    """Every step would be skipped from then on (the checks before the first step do not run again): the step
-    that would skip raises instead, having applied nothing."""
-    net = regression_net()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), scale_sense())
-    assert _run(cell, BATCHES[:1]) == ([False], [8.0])
-    write(cell)
-    before = training_state(cell)
-    with pytest.raises(ValueError, match="the loss scale is not finite .*every step would be skipped"):
-        _run(cell, BATCHES[1:2])
-    assert changed_since(before, cell) == []
-
-
-@pytest.mark.parametrize(
-    "write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net], ids=["set_data", "load_param_into_net"]
-)
-def test_a_non_finite_dynamic_scale_written_into_a_running_cell_is_brought_back_by_its_rule(write):
-    """The rule backs off from inf as from the largest float32 scale, skipping one step."""
-    cell = _dynamic_cell()
-    _run(cell, BATCHES[:1])
-    write(cell)
-    half = float(np.finfo(np.float32).max) / 2
-    assert _run(cell, BATCHES[1:3]) == ([True, False], [half, half])
-
-
-# ---- decisions -------------------------------------------------------------------------------------
 
 
 class HugeGradient(nn.Cell):
@@ -624,7 +59,7 @@ def test_an_overridden_get_overflow_status_is_honoured_under_accumulation():
     net = regression_net()
     cell = AlwaysOverflow(net, nn.SGD(net.trainable_params(), 0.1), Tensor(np.float32(8.0)), accumulation_steps=2)
     before = training_state(net)
-    flags, _ = _run(cell, BATCHES[:4])
+    flags, _ = run_cell(cell, BATCHES[:4])
     assert flags == [False, True, False, True] and cell.overflow_counters()["skipped_steps"] == 2
     assert changed_since(before, net) == []
 
@@ -654,7 +89,7 @@ def test_a_zero_size_parameter_does_not_fake_overflows(clip):
         DynamicLossScaleManager(2**10, scale_window=2).get_update_cell(),
         clip_global_norm=clip,
     )
-    flags, scales = _run(cell, BATCHES * 2)
+    flags, scales = run_cell(cell, BATCHES * 2)
     assert flags == [False] * 16 and scales[-1] == 2.0**18
 
 
@@ -677,7 +112,7 @@ def test_a_bfloat16_loss_trains_like_mindsporess_plain_cell():
     for x, y in BATCHES[:3]:
         assert not bool(cell(Tensor(x), Tensor(y))[1].asnumpy())
         plain(Tensor(x), Tensor(y))
-    _same_weights(ours, theirs)
+    same_weights(ours, theirs)
 
 
 def test_forensics_name_a_non_finite_bfloat16_loss():
@@ -723,7 +158,6 @@ def _float64_steps(front_end, net, learning_rate):
     return step
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize(
     "loss, dtype, expected",
     [
@@ -740,7 +174,7 @@ def test_the_scaled_loss_is_promoted_to_at_least_float32(loss, dtype, expected, 
     explicit casts only make it independent of that.)"""
     core = LossScaler(2.0**16, name=f"promoted_{compiled}")
     loss = loss if isinstance(loss, Tensor) else Tensor(loss)
-    scaled = (ms.jit(core.scale) if compiled else core.scale)(loss)
+    scaled = jit_if(compiled, core.scale)(loss)
     assert scaled.dtype == dtype and float(scaled.astype(mstype.float64).asnumpy()) == expected
 
 
@@ -829,7 +263,7 @@ def test_float64_gradients_keep_their_precision_and_range(front_end, magnitude):
         control(x, y)
     assert np.isfinite(theirs.w.asnumpy()).all() and not np.array_equal(theirs.w.asnumpy(), initial)
     # Scaling by 1024 and unscaling by 1/1024 are exact in float64: the same weights, bit for bit.
-    _same_weights(ours, theirs)
+    same_weights(ours, theirs)
 
 
 def test_float64_gradients_keep_their_precision_through_clipping():
@@ -845,7 +279,7 @@ def test_float64_gradients_keep_their_precision_through_clipping():
         x, y = Tensor(rng.randn(4, 6)), Tensor(rng.randn(4, 3))
         assert not bool(step(x, y)[1].asnumpy())
         control(x, y)
-    _same_weights(ours, theirs)
+    same_weights(ours, theirs)
 
 
 @pytest.mark.parametrize("steps", [2, 3])
@@ -871,9 +305,9 @@ def test_float64_gradients_keep_their_precision_through_accumulation(steps):
 def test_raise_policy_reads_the_scale_after_a_resume(tmp_path):
     """The host copy of the scale was taken at construction: a cell built at its minimum scale that resumed at
     2**15 raised PersistentOverflowError on its first overflow, naming the wrong scale."""
-    source = _dynamic_cell()
+    source = dynamic_cell()
     source.set_sense_scale(Tensor(np.float32(2.0**15)))
-    saved = _checkpoint(source, tmp_path / "s.ckpt")
+    saved = save_cell_checkpoint(source, tmp_path / "s.ckpt")
     net = regression_net()
     cell = TrainOneStepWithLossScaleCell(
         net,
@@ -882,15 +316,15 @@ def test_raise_policy_reads_the_scale_after_a_resume(tmp_path):
         overflow_policy="raise",
     )
     ms.load_param_into_net(cell, saved)
-    flags, scales = _run(cell, BATCHES[:2], inject={0})
+    flags, scales = run_cell(cell, BATCHES[:2], inject={0})
     assert flags == [True, False] and scales == [2.0**14, 2.0**14]
     cell.set_sense_scale(Tensor(np.float32(1.0)))
     with pytest.raises(PersistentOverflowError, match="already at its minimum 1; loss scale 1,"):
-        _run(cell, BATCHES[:1], inject={0})
+        run_cell(cell, BATCHES[:1], inject={0})
 
 
 def test_set_sense_scale_keeps_to_the_rule():
-    cell = _dynamic_cell(max_loss_scale=2.0**14)
+    cell = dynamic_cell(max_loss_scale=2.0**14)
     with pytest.raises(ValueError, match=r"within the update cell's \[min_loss_scale, max_loss_scale\]"):
         cell.set_sense_scale(Tensor(np.float32(2.0**20)))
     net = regression_net()
@@ -906,7 +340,7 @@ def test_set_sense_scale_keeps_to_the_rule():
 
 
 def test_the_float32_floor_is_a_valid_scale_for_set_sense_scale_and_the_state_check():
-    cell = _dynamic_cell(min_loss_scale=0.7)  # 0.7 is 0.69999999 in float32, the scale the rule floors at
+    cell = dynamic_cell(min_loss_scale=0.7)  # 0.7 is 0.69999999 in float32, the scale the rule floors at
     cell.set_sense_scale(Tensor(np.float32(0.7)))
     cell.check_state()
     assert cell.get_loss_scale() == float(np.float32(0.7))
@@ -982,12 +416,9 @@ def test_lr_schedule_advances_per_optimizer_step_or_per_micro_batch(per_micro_ba
         lr_per_micro_batch=per_micro_batch,
         drop_overflow_update=drop,
     )
-    overflows = _run(cell, BATCHES, inject)[0]
+    overflows = run_cell(cell, BATCHES, inject)[0]
     assert overflows == [False] * 7 + [bool(inject)]
     assert int(optimizer.global_step.asnumpy().reshape(-1)[0]) == expected
-
-
-# ---- parallel modes ----------------------------------------------------------------------------------
 
 
 class RemoteRankFlag(nn.Cell):
@@ -1021,14 +452,14 @@ def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
     run stand-alone with a stand-in for the collective.)"""
     with _parallel_mode(mode):
         net = regression_net()
-        cell = _dynamic_cell(net)
+        cell = dynamic_cell(net)
     distributed = mode != "stand_alone"
     assert cell.loss_scaler.is_distributed == distributed
     if distributed:
         cell.loss_scaler.allreduce = RemoteRankFlag(np.nan)
     cell.grad_reducer = ops.identity
     before = training_state(net)
-    flags, _ = _run(cell, BATCHES[:1])
+    flags, _ = run_cell(cell, BATCHES[:1])
     assert flags == [distributed]
     assert (changed_since(before, net) == []) == distributed  # skipped: nothing changed
 
@@ -1118,7 +549,7 @@ def test_built_before_the_parallel_mode_was_set_is_refused_when_compiled_in_it()
     Now each is refused while compiling, before anything changes; back in stand-alone mode the same objects
     train."""
     net = regression_net()
-    cell = _dynamic_cell(net)
+    cell = dynamic_cell(net)
     optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), initial_scale=1024.0)
     scaler, torch_optimizer = GradScaler("cpu", init_scale=1024.0), nn.SGD(net.trainable_params(), 0.05)
     x, y = (Tensor(a) for a in BATCHES[0])
@@ -1167,9 +598,6 @@ def test_pipeline_parallel_is_refused_with_what_to_use():
             )
     finally:
         context.reset_auto_parallel_context()
-
-
-# ---- Model and build_train_network -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
