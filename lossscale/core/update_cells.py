@@ -37,6 +37,22 @@ _RULE_ATTRIBUTES = {
     "hysteresis": "_full_hysteresis",
 }
 
+# The rule's numbers as the cell holds them: (attribute, policy field, dtype); graph constants, or Parameters when
+# the rule is mutable.
+_HELD_NUMBERS = (
+    ("_growth_factor", "growth_factor", mstype.float32),
+    ("_backoff_factor", "backoff_factor", mstype.float32),
+    ("_min_scale", "floor", mstype.float32),
+    ("_max_scale", "ceiling", mstype.float32),
+    ("_window", "growth_interval", mstype.int32),
+    ("_full_hysteresis", "hysteresis", mstype.int32),
+)
+
+
+def _counter(name, value):
+    """An int32 counter Parameter of the update rule (saved in checkpoints, never trained)."""
+    return Parameter(Tensor(value, mstype.int32), name=name, requires_grad=False)
+
 
 class _ScaleBinding:
     """Holds the train cell's scale Parameter (and its accumulation micro-step) outside the Cell attribute machinery.
@@ -302,28 +318,16 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         self._policy = policy
         self._scale_factor, self._scale_window = scale_factor, scale_window
         self._mutable_rule = check_bool("mutable_rule", mutable_rule)
-        for name, value, dtype in (
-            ("_growth_factor", policy.growth_factor, mstype.float32),
-            ("_backoff_factor", policy.backoff_factor, mstype.float32),
-            ("_min_scale", policy.floor, mstype.float32),
-            ("_max_scale", policy.ceiling, mstype.float32),
-            ("_window", policy.growth_interval, mstype.int32),
-            ("_full_hysteresis", policy.hysteresis, mstype.int32),
-        ):
-            setattr(self, name, self._rule_number(name, Tensor(value, dtype)))
+        for attribute, field, dtype in _HELD_NUMBERS:
+            setattr(self, attribute, self._rule_number(attribute, Tensor(getattr(policy, field), dtype)))
         if mutable_rule:
             self._dynamic = self._rule_number("_dynamic", Tensor(True, mstype.bool_))
         self._tiny = Tensor(FLOAT32_TINY, mstype.float32)
-        self._zero = Tensor(0, mstype.int32)
-        self._one = Tensor(1, mstype.int32)
+        self._zero, self._one = Tensor(0, mstype.int32), Tensor(1, mstype.int32)
         self._consecutive = policy.consecutive_hysteresis
         start = initial_state(policy)
-        self.good_steps = Parameter(
-            Tensor(start.good_steps, mstype.int32), name="loss_scale_good_steps", requires_grad=False
-        )
-        self.hysteresis_left = Parameter(
-            Tensor(start.hysteresis_left, mstype.int32), name="loss_scale_hysteresis_left", requires_grad=False
-        )
+        self.good_steps = _counter("loss_scale_good_steps", start.good_steps)
+        self.hysteresis_left = _counter("loss_scale_hysteresis_left", start.hysteresis_left)
 
     def rename_parameters(self, prefix):
         """Name this cell's Parameters ``<prefix>.good_steps``, ``<prefix>.hysteresis_left`` (and the
@@ -398,15 +402,8 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         check_state(policy, state)
         self._policy = policy
         self._scale_factor, self._scale_window = policy.growth_factor, policy.growth_interval
-        for name, value in (
-            ("_growth_factor", policy.growth_factor),
-            ("_backoff_factor", policy.backoff_factor),
-            ("_min_scale", policy.floor),
-            ("_max_scale", policy.ceiling),
-            ("_window", policy.growth_interval),
-            ("_full_hysteresis", policy.hysteresis),
-        ):
-            write_parameter(getattr(self, name), value)
+        for attribute, field, _ in _HELD_NUMBERS:
+            write_parameter(getattr(self, attribute), getattr(policy, field))
         self.set_state(state)
 
     def _state_within_rule(self, loss_scale):

@@ -244,15 +244,25 @@ def _add_training(parser, epochs, epochs_help="passes over the 1438 training ima
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def build_parser():
-    parser = _Parser(
-        prog="lossscale",
-        description="Loss-scaled float16 training with MindSpore on the bundled handwritten digits.",
-        formatter_class=_Formatter,
+def _add_overflow_options(train):
+    """``--overflow-policy`` and ``--max-consecutive-overflows`` of ``train``."""
+    train.add_argument(
+        "--overflow-policy",
+        choices=OVERFLOW_POLICIES,
+        default="warn",
+        help="when overflows persist (--max-consecutive-overflows in a row, or at the minimum "
+        "scale): keep skipping, warn once, or stop with exit code 1",
     )
-    parser.add_argument("--version", action="store_true", help="print the versions of lossscale and MindSpore")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train.add_argument(
+        "--max-consecutive-overflows",
+        type=_positive_int,
+        default=50,
+        help="consecutive skipped steps that count as persistent overflow",
+    )
 
+
+def _add_train_command(commands):
+    """``lossscale train``: one configuration."""
     train = commands.add_parser(
         "train",
         help="train one configuration",
@@ -278,24 +288,15 @@ def build_parser():
         help="clean steps before a dynamic scale grows",
     )
     _add_training(train, DEFAULTS["epochs"])
-    train.add_argument(
-        "--overflow-policy",
-        choices=OVERFLOW_POLICIES,
-        default="warn",
-        help="when overflows persist (--max-consecutive-overflows in a row, or at the minimum "
-        "scale): keep skipping, warn once, or stop with exit code 1",
-    )
-    train.add_argument(
-        "--max-consecutive-overflows",
-        type=_positive_int,
-        default=50,
-        help="consecutive skipped steps that count as persistent overflow",
-    )
+    _add_overflow_options(train)
     train.add_argument(
         "--workers", type=_positive_int, default=1, help="data-parallel processes on this machine, launched with msrun"
     )
     train.add_argument("--output", default=None, help="output folder (default: runs/train-MODEL-PRECISION)")
 
+
+def _add_compare_command(commands):
+    """``lossscale compare``: fp32 and fp16 without, with fixed and with dynamic scaling."""
     compare = commands.add_parser(
         "compare",
         help="fp32 vs fp16 without, with fixed and with dynamic scaling",
@@ -332,6 +333,9 @@ def build_parser():
         "as docs/results.md is made",
     )
 
+
+def _add_inspect_command(commands):
+    """``lossscale inspect``: gradient magnitudes against the float16 range."""
     inspect = commands.add_parser(
         "inspect",
         help="gradient magnitudes against the float16 range",
@@ -356,4 +360,18 @@ def build_parser():
         "Adam learning rate of the training with --epochs",
     )
     inspect.add_argument("--output", default=None, help="output folder (default: runs/inspect-MODEL)")
+
+
+def build_parser():
+    """The CLI's parser: ``train``, ``compare`` and ``inspect``."""
+    parser = _Parser(
+        prog="lossscale",
+        description="Loss-scaled float16 training with MindSpore on the bundled handwritten digits.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the versions of lossscale and MindSpore")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train_command(commands)
+    _add_compare_command(commands)
+    _add_inspect_command(commands)
     return parser

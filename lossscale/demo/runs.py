@@ -137,6 +137,40 @@ def _first_training_batches(batch_size, layout, count):
     return [batch for _, batch in zip(range(count), data.create_tuple_iterator())]
 
 
+_CONFIG_KEYS = ("model", "precision", "loss_scale", "epochs", "batch_size", "lr", "seed", "scale_window", "loss_weight")
+
+
+def _model(network, precision, manager, lr, loss_weight, policy):
+    """The ``lossscale.Model`` of one run: Adam, the weighted loss, accuracy, the precision's amp level."""
+    return Model(
+        network,
+        _weighted_loss(loss_weight),
+        nn.Adam(network.trainable_params(), learning_rate=lr),
+        metrics={"accuracy": Accuracy()},
+        amp_level=PRECISIONS[precision],
+        loss_scale_manager=manager,
+        **policy,
+    )
+
+
+def _datasets(network, batch_size, seed, shard):
+    """``(train, test)`` datasets of the digits for ``network``; ``shard=(rank, size)``: this rank's share of the
+    training images. Refuses a batch size that leaves an epoch empty."""
+    images, labels = load_digits()
+    (x_train, y_train), (x_test, y_test) = train_test_split(images, labels, seed=0)
+    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed, shard=shard)
+    _refuse_empty_epoch(batch_size, len(y_train), 1 if shard is None else shard[1], train_data.get_dataset_size())
+    return train_data, make_dataset(x_test, y_test, 64, network.input_layout, drop_remainder=False)
+
+
+def _train(trained, epochs, train_data, callbacks):
+    """``trained.train(...)``; persistent overflow becomes :class:`TrainingStalled` with the CLI's advice."""
+    try:
+        trained.train(epochs, train_data, callbacks=callbacks)
+    except PersistentOverflowError as error:
+        raise TrainingStalled(command_line_advice(str(error))) from None
+
+
 def run_training(
     model="lenet5",
     precision="O2",
@@ -165,62 +199,25 @@ def run_training(
     _check_model(model)
     label, manager_factory = parse_loss_scale(loss_scale, scale_window)
     ms.set_seed(seed)
-    images, labels = load_digits()
-    (x_train, y_train), (x_test, y_test) = train_test_split(images, labels, seed=0)
     network = create_model(model)
-    train_data = make_dataset(x_train, y_train, batch_size, network.input_layout, shuffle=True, seed=seed, shard=shard)
+    train_data, test_data = _datasets(network, batch_size, seed, shard)
     steps_per_epoch = train_data.get_dataset_size()
-    _refuse_empty_epoch(batch_size, len(y_train), 1 if shard is None else shard[1], steps_per_epoch)
-    optimizer = nn.Adam(network.trainable_params(), learning_rate=lr)
-    policy = (
-        {}
-        if overflow_policy == "skip"
-        else {"overflow_policy": overflow_policy, "max_consecutive_overflows": max_consecutive_overflows}
-    )
-    trained = Model(
-        network,
-        _weighted_loss(loss_weight),
-        optimizer,
-        metrics={"accuracy": Accuracy()},
-        amp_level=PRECISIONS[precision],
-        loss_scale_manager=manager_factory(),
-        **policy,
-    )
-    monitor = LossScaleMonitor(print_summary=False)
-    timer = _step_timer()
+    policy = {"overflow_policy": overflow_policy, "max_consecutive_overflows": max_consecutive_overflows}
+    policy = {} if overflow_policy == "skip" else policy
+    trained = _model(network, precision, manager_factory(), lr, loss_weight, policy)
+    monitor, timer = LossScaleMonitor(print_summary=False), _step_timer()
     callbacks = [monitor, _progress_callback(monitor, steps_per_epoch, epochs, progress, loss_weight), timer]
     if epoch_callback is not None:
         callbacks.append(_epoch_probe(lambda epoch: epoch_callback(epoch, network)))
-    try:
-        trained.train(epochs, train_data, callbacks=callbacks)
-    except PersistentOverflowError as error:
-        raise TrainingStalled(command_line_advice(str(error))) from None
-    test_data = make_dataset(x_test, y_test, 64, network.input_layout, drop_remainder=False)
+    _train(trained, epochs, train_data, callbacks)
     accuracy = float(trained.eval(test_data)["accuracy"])
     summary = monitor.summary()
     if print_summary:
         print(monitor.format_summary())
-    return {
-        "config": {
-            "model": model,
-            "precision": precision,
-            "loss_scale": label,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "lr": lr,
-            "seed": seed,
-            "scale_window": scale_window,
-            "loss_weight": loss_weight,
-        },
-        "records": monitor.records,
-        "summary": summary,
-        "test_accuracy": accuracy,
-        "final_loss": summary["final_loss"],
-        "seconds_per_step": timer.median_step_seconds(),
-        "first_step_seconds": timer.first_step_seconds(),
-        "model": trained,
-        "network": network,
-    }
+    config = dict(zip(_CONFIG_KEYS, (model, precision, label, epochs, batch_size, lr, seed, scale_window, loss_weight)))
+    timing = {"seconds_per_step": timer.median_step_seconds(), "first_step_seconds": timer.first_step_seconds()}
+    outcome = {"summary": summary, "test_accuracy": accuracy, "final_loss": summary["final_loss"], **timing}
+    return {"config": config, "records": monitor.records, **outcome, "model": trained, "network": network}
 
 
 # What to try when overflow stalls training, in the command line's own options.

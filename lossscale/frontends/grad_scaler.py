@@ -57,14 +57,13 @@ advance; a scheduler stepped from Python every iteration advances anyway, as in 
 """
 
 import inspect
-from collections.abc import Mapping
 
 import mindspore as ms
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core import overflow as _overflow
-from lossscale.core._naming import claim_name, free_name
+from lossscale.core._naming import claim_name
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_bool
 from lossscale.core.policy import LossScaleState
@@ -81,7 +80,8 @@ from lossscale.frontends.iteration import (
     refuse_optimizer_without_parameters,
 )
 from lossscale.frontends.optimizer_states import OptimizerStates
-from lossscale.frontends.rules import as_policy, framework_rule, parse_state, state_dict_of
+from lossscale.frontends.rules import as_policy, framework_rule
+from lossscale.frontends.scaler_persistence import ScalerPersistence
 from lossscale.frontends.spelling import PADDLE, RULE_FIELDS, TORCH, spelling_of
 
 # What the generated accessors say about each field of the rule.
@@ -95,7 +95,7 @@ _FIELD_DOCS = {
 
 
 @ms.jit_class
-class GradScaler:
+class GradScaler(ScalerPersistence):
     """Dynamic (or fixed) loss scaling for ``mindspore.value_and_grad`` loops: Paddle's ``GradScaler``.
 
     Called with PyTorch's spelling (a device string first, or any of ``init_scale``,
@@ -356,13 +356,6 @@ class GradScaler:
         """The current scale as a float32 Tensor (Paddle; eagerly one host sync, a graph read when compiled)."""
         return self._core.get_scale_tensor() if self._enabled else Tensor(1.0, mstype.float32)
 
-    def get_state(self):
-        """The rule's state (:class:`lossscale.core.policy.LossScaleState`), read from the device."""
-        self._host_only("get_state()")
-        if not self._enabled:
-            return LossScaleState(scale=1.0)
-        return self._core.update_cell.get_state()
-
     def _rule_value(self, field):
         """The rule's ``field`` (what the generated getters return): eagerly the policy's exact Python number;
         inside a compiled function a graph read of the update cell's Parameter (a setter called after compiling
@@ -387,59 +380,6 @@ class GradScaler:
                 )
             self._core.set_rule(policy, state)
         self._policy = policy
-
-    # ---- state ------------------------------------------------------------------------------------
-    def state_dict(self):
-        """The state in this scaler's framework's format, empty when disabled (one host sync): Paddle's ``scale`` (a
-        float32 array of shape (1,)), the rule, ``incr_count``, ``decr_count``, ``use_dynamic_loss_scaling``;
-        PyTorch's ``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``_growth_tracker``.
-
-        A rule whose hysteresis works unlike the framework's (a ``policy`` such as Megatron's) adds its keys
-        (:mod:`lossscale.frontends.rules`), so that a round trip keeps them; the frameworks' own
-        ``load_state_dict`` ignore keys they do not know."""
-        self._host_only("state_dict()")
-        if not self._enabled:
-            return {}
-        return state_dict_of(self.SPELLING, self.get_state(), self._policy, self._core.dynamic)
-
-    def load_state_dict(self, state_dict):
-        """Restore a state: this scaler's, Paddle's or PyTorch's format (validated; nothing changes on error).
-
-        Ignored when disabled (as Paddle and PyTorch). The saved scale also becomes the
-        initial scale (as both do). A TorchGradScaler refuses a fixed Paddle state
-        (``use_dynamic_loss_scaling`` False): PyTorch's scale is always dynamic.
-        """
-        self._host_only("load_state_dict()")
-        if not self._enabled:
-            return
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"'state_dict' must be a dict, but got {type(state_dict).__name__}.")
-        if not state_dict:
-            raise RuntimeError(self.SPELLING.empty_state)
-        policy, state, dynamic = parse_state(state_dict, self._policy)
-        self._refuse_fixed_state(dynamic)
-        self._core.set_rule(policy, state, dynamic)
-        self._policy = policy
-
-    def _refuse_fixed_state(self, dynamic):
-        """Paddle's scale may be fixed (``use_dynamic_loss_scaling=False``); PyTorch's may not (TorchGradScaler)."""
-
-    def __getstate__(self):
-        """Pickle between iterations only (as PyTorch): the configuration and the state. An explicit ``name``
-        comes back as given if no living scaler holds it (e.g. in a new process), else as ``name_1``, ..."""
-        if self._enabled and not self._states.between_iterations():
-            raise RuntimeError(
-                "A GradScaler can only be pickled at the beginning of an iteration, or at the end after update()."
-            )
-        return {"config": self._config, "policy": self._policy, "state": self.state_dict()}
-
-    def __setstate__(self, saved):
-        config = dict(saved["config"])
-        if config.get("name") is not None:
-            config["name"] = free_name(config["name"])
-        self.__init__(**config)
-        if saved["state"]:
-            self.load_state_dict(saved["state"])
 
 
 @ms.jit_class

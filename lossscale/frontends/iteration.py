@@ -15,8 +15,8 @@ from mindspore.ops import constexpr
 from lossscale.core import overflow as _overflow
 from lossscale.core._validation import check_finite_in_range
 from lossscale.core.clipping import global_norm
-from lossscale.core.scaler import positive_scale
-from lossscale.frontends.optimizer_states import STAGE
+from lossscale.core.scaler_state import positive_scale
+from lossscale.frontends.iteration_table import STAGE
 
 
 @constexpr

@@ -31,20 +31,17 @@ tf.keras its step counter (``global_step``, Keras' ``iterations``) still advance
 learning-rate schedules keep their pace.
 """
 
-import functools
-import numbers
 import re
 import weakref
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor, mutable, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale.core._naming import claim_name
 from lossscale.core._optimizers import is_parameter_optimizer
-from lossscale.core._parameters import outside_graph, read_scalar, write_parameter
+from lossscale.core._parameters import outside_graph, read_scalar
 from lossscale.core._validation import TypeValueError, check_int_in_range
 from lossscale.core._warnings import warn_at_caller
 from lossscale.core.parallel import gradient_reducer
@@ -53,13 +50,14 @@ from lossscale.core.presets import get_preset
 from lossscale.core.scaler import (
     LossScaler,
     check_optimizer_loss_scale,
-    positive_scale,
     refuse_bfloat16_on_cpu,
     refuse_non_gradients,
     refuse_non_sequence,
     refuse_non_tensor_entries,
     warn_if_scaled_outside_differentiation,
 )
+from lossscale.core.scaler_state import positive_scale
+from lossscale.frontends.inner_optimizer import InnerOptimizerAttributes
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -74,32 +72,6 @@ _INNER_OPTIMIZER_ARGUMENTS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
-
-
-_KERAS_SERIALIZATION = (
-    " A MindSpore optimizer holds its Parameters, so it is not rebuilt from a config: keep the "
-    "object, and save and restore its state with mindspore.save_checkpoint(opt, path) and "
-    "mindspore.load_param_into_net(opt, mindspore.load_checkpoint(path))."
-)
-_KERAS_WEIGHTS = (
-    " A MindSpore optimizer's state is its Parameters: opt.get_parameters() (the scale: opt.loss_scale), "
-    "saved with mindspore.save_checkpoint and restored with mindspore.load_param_into_net."
-)
-# Keras optimizer methods without a MindSpore counterpart: what to do instead.
-_KERAS_ONLY = {
-    "get_config": _KERAS_SERIALIZATION,
-    "from_config": _KERAS_SERIALIZATION,
-    "get_weights": _KERAS_WEIGHTS,
-    "set_weights": _KERAS_WEIGHTS,
-    "variables": _KERAS_WEIGHTS,
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _cell_attributes():
-    """What nn.Cell itself defines or sets on every instance (training, phase, ...): MindSpore sets these on any
-    Cell."""
-    return frozenset(dir(nn.Cell)) | frozenset(vars(nn.Cell()))
 
 
 def _pytorch_style_hint(optimizer):
@@ -153,18 +125,6 @@ def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
         return build_policy(_KERAS_NAMES, **dict(vars(get_preset("tf_keras")), **fields))
     except TypeError as error:
         raise ValueError(str(error)) from None
-
-
-def _learning_rate_value(value):
-    """A learning rate given to the wrapper: a finite number >= 0 (or a one-value float Tensor)."""
-    if isinstance(value, Tensor):
-        array = value.asnumpy()
-        if array.dtype == np.bool_ or array.size != 1:
-            raise ValueError(f"'learning_rate' must be one float value, but got {array.dtype} of shape {array.shape}.")
-        value = array.reshape(-1)[0].item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
-        raise ValueError(f"'learning_rate' must be a finite number >= 0, but got {value!r}.")
-    return float(value)
 
 
 def _require_optimizer_parameters(argument, variables, parameters):
@@ -395,7 +355,7 @@ def _default_name(inner_optimizer):
     return "loss_scale_optimizer." + re.sub(r"[^A-Za-z0-9_.]", "_", parameters[0].name)
 
 
-class LossScaleOptimizer(nn.Cell):
+class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
     """Wrap a MindSpore optimizer with (dynamic) loss scaling, as ``tf.keras.mixed_precision.LossScaleOptimizer``.
 
     Args:
@@ -556,6 +516,7 @@ class LossScaleOptimizer(nn.Cell):
         over the ranks (the gradients this wrapper computes, it reduces; see :meth:`minimize`).
 
         Example:
+            >>> import numpy as np
             >>> from mindspore import nn
             >>> class Loss(nn.Cell):                  # the forward pass, here a Cell taking no inputs
             ...     def __init__(self):
@@ -649,66 +610,3 @@ class LossScaleOptimizer(nn.Cell):
     def initial_scale(self):
         """The initial loss scale (the fixed scale when not dynamic)."""
         return self._initial_scale
-
-    @property
-    def inner_optimizer(self):
-        """The wrapped optimizer."""
-        return self._inner
-
-    @property
-    def iterations(self):
-        """The inner optimizer's step counter (``global_step``), Keras' ``iterations``."""
-        return self._inner.global_step
-
-    @property
-    def learning_rate(self):
-        """The inner optimizer's learning rate (delegated; settable, also as ``lr``)."""
-        return self._inner.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value):
-        inner = self._inner
-        if getattr(inner, "dynamic_lr", False) or getattr(inner, "is_group_lr", False):
-            raise ValueError(
-                "the inner optimizer has a learning-rate schedule or per-group rates; set them when building it."
-            )
-        write_parameter(inner.learning_rate, _learning_rate_value(value))
-
-    lr = learning_rate
-
-    def __setattr__(self, name, value):
-        if name in ("learning_rate", "lr"):  # not nn.Cell's Parameter registration: set the inner optimizer's
-            object.__setattr__(self, name, value)
-            return
-        if self._would_shadow_the_inner_optimizer(name):
-            raise AttributeError(
-                f"cannot set {name!r} on a LossScaleOptimizer: it would hide the inner optimizer's {name} (which "
-                f"reads would then return) without changing what it trains with. Only learning_rate is forwarded; "
-                f"give {name} to the inner optimizer when building it ({type(self._inner).__name__}(..., "
-                f"{name}=...))."
-            )
-        super().__setattr__(name, value)
-
-    def _would_shadow_the_inner_optimizer(self, name):
-        """True for a public attribute that the inner optimizer has and this wrapper does not (tf.keras forwards
-        hyperparameters such as ``beta_1``; a MindSpore optimizer's are graph constants or Parameters, so only
-        the learning rate is forwarded). nn.Cell's own attributes, which MindSpore sets, are never refused."""
-        inner = self.__dict__.get("_cells", {}).get("_inner")
-        if inner is None or name.startswith("_") or name in self.__dict__ or name in _cell_attributes():
-            return False
-        return hasattr(inner, name) and not hasattr(type(self), name)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            inner = self.__dict__.get("_cells", {}).get("_inner")
-            if inner is None or name.startswith("__"):
-                raise
-        try:
-            return getattr(inner, name)
-        except AttributeError:
-            raise AttributeError(
-                f"'LossScaleOptimizer' object has no attribute {name!r}, and its inner optimizer "
-                f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}"
-            ) from None

@@ -31,7 +31,6 @@ Example:
 
 import itertools
 import weakref
-import zlib
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -39,82 +38,43 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale.core._naming import check_name
-from lossscale.core._parameters import outside_graph, write_parameter
+from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_int_in_range
+from lossscale.frontends.iteration_table import (
+    AMBIGUOUS,
+    FINGERPRINT,
+    FOUND_INF,
+    LARGER_THAN_UNSCALED,
+    NORM,
+    READY,
+    ROWS,
+    SCALED_GRADIENTS,
+    STAGE,
+    STEP_TWICE,
+    STEPPED,
+    STRUCTURE,
+    UNSCALED,
+    IterationTableHost,
+    as_tuples,
+    related_signatures,
+    row_mask,
+    shape_of,
+    structure_signature,
+)
 
-READY, UNSCALED, STEPPED = 0, 1, 2
-# step() refusal codes (0: none)
-STEP_TWICE, SCALED_GRADIENTS, AMBIGUOUS, LARGER_THAN_UNSCALED = 1, 2, 3, 4
-# rows of the iteration table
-STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM = range(5)
-ROWS = NORM + 1
 # step() after unscale_() refuses gradients whose global norm exceeds the unscaled ones' by more than this factor:
 # the slack covers rounding in float16 clipping (2**-11 per value), far below the factor S of scaled gradients.
 NORM_SLACK = 1.01
 DEFAULT_CAPACITY = 16
 _REGISTRIES = {}  # OptimizerStates.registry -> {key: slot}, one per living instance
-_SHAPES = {}  # structure signature -> the gradients' shapes, for every structure seen (a few per program)
 _INSTANCES = itertools.count()
 # Primitives rather than Tensor methods (.any(), .max()): fewer graphs for MindSpore to compile.
 _reduce_any, _reduce_all, _reduce_max = ops.ReduceAny(), ops.ReduceAll(), ops.ReduceMax()
 
-# A gradient's shape: what tells optimizers apart (not its dtype: gradients cast between unscale_() and step(), to
-# float32 for clipping, say, are still the ones unscale_() returned).
-_shape_of = ops.MultitypeFuncGraph("_shape_of")
-
-
-@_shape_of.register("Tensor")
-def _tensor_shape_of(grad):
-    return grad.shape
-
-
-@_shape_of.register("RowTensor")
-def _row_tensor_shape_of(grad):
-    return grad.dense_shape
-
-
-@_shape_of.register("None")
-def _none_shape_of(grad):
-    return None
-
-
-def _as_tuples(shapes):
-    """``shapes`` (of gradients, None for a missing one) as tuples, comparable and hashable."""
-    return tuple(None if shape is None else tuple(shape) for shape in shapes)
-
-
-@constexpr
-def _signature(shapes):
-    """A deterministic 24-bit int for the shapes of a gradient tuple (exact in float32), remembered with the shapes
-    (:func:`_related_signatures`). Not their dtypes: gradients cast after unscale_() (to float32 for clipping, say)
-    are still the ones unscale_() returned."""
-    shapes = _as_tuples(shapes)
-    signature = zlib.crc32(repr(shapes).encode()) & 0xFFFFFF
-    _SHAPES[signature] = shapes
-    return signature
-
-
-def _is_subsequence(part, whole):
-    """Whether the sequence ``part`` is ``whole`` with some entries left out (in order)."""
-    rest = iter(whole)
-    return all(any(entry == other for other in rest) for entry in part)
-
-
-@constexpr
-def _related_signatures(signature):
-    """The known structure signatures whose gradients could be ``signature``'s, part of them or hold them: the
-    same shapes, or a subsequence of them either way (a tuple sliced or filtered per optimizer, or joined)."""
-    shapes = _SHAPES[signature]
-    return tuple(
-        other
-        for other, other_shapes in sorted(_SHAPES.items())
-        if _is_subsequence(other_shapes, shapes) or _is_subsequence(shapes, other_shapes)
-    )
-
 
 def _refuse_misfit(shapes, parameter_shapes):
     """ValueError unless the gradients' shapes are the optimizer's parameters' shapes, one for one."""
-    shapes, expected = _as_tuples(shapes), _as_tuples(parameter_shapes)
+    shapes, expected = as_tuples(shapes), as_tuples(parameter_shapes)
     if shapes != expected:
         raise ValueError(
             f"'grads' must hold one gradient per parameter of the optimizer, in the order of "
@@ -148,14 +108,7 @@ def _check_key(key):
     return True
 
 
-def _row_mask(*rows, width=1):
-    """A bool Tensor of shape (ROWS, width), True in ``rows`` of the iteration table."""
-    mask = np.zeros((ROWS, width), np.bool_)
-    mask[list(rows)] = True
-    return Tensor(mask)
-
-
-class OptimizerStates(nn.Cell):
+class OptimizerStates(IterationTableHost, nn.Cell):
     """The per-optimizer stages and overflow flags of one scaler (see the module docstring).
 
     Args:
@@ -192,15 +145,15 @@ class OptimizerStates(nn.Cell):
         self._slot_columns = tuple(Tensor(eye[i][None, :]) for i in range(capacity))  # (1, capacity) masks
         self._others = tuple(Tensor(~eye[i]) for i in range(capacity))  # every slot but that one
         self._false_row = Tensor(np.zeros(capacity, np.bool_))
-        self._step_rows = _row_mask(STAGE, FOUND_INF)
-        self._unscale_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM)
+        self._step_rows = row_mask(STAGE, FOUND_INF)
+        self._unscale_rows = row_mask(STAGE, FOUND_INF, FINGERPRINT, STRUCTURE, NORM)
         # STRUCTURE is kept across iterations (refusals compare structures within one only).
-        self._iteration_rows = _row_mask(STAGE, FOUND_INF, FINGERPRINT, NORM, width=capacity)
+        self._iteration_rows = row_mask(STAGE, FOUND_INF, FINGERPRINT, NORM, width=capacity)
 
     # ---- trace time ----------------------------------------------------------------------------
     def structure_of(self, grads):
         """The structure signature of ``grads`` (a constant)."""
-        return _signature(self.hyper_map(_shape_of, grads))
+        return structure_signature(self.hyper_map(shape_of, grads))
 
     def refuse_misfit(self, grads, parameters):
         """From Python, ValueError (before anything is recorded or applied) unless ``grads`` has the shapes of
@@ -210,7 +163,7 @@ class OptimizerStates(nn.Cell):
         inference refuses such gradients while compiling, before anything runs, and the check would cost
         0.1 s of compile time (measured). Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
         if outside_graph(parameters[0]):
-            return _refuse_misfit(self.hyper_map(_shape_of, grads), tuple(parameter.shape for parameter in parameters))
+            return _refuse_misfit(self.hyper_map(shape_of, grads), tuple(parameter.shape for parameter in parameters))
         return True
 
     def slot(self, key, signature):
@@ -284,53 +237,16 @@ class OptimizerStates(nn.Cell):
 
     def ready_code(self, slot, column, structure):
         """step() without unscale_(): STEP_TWICE if the slot already stepped; AMBIGUOUS if another slot holds
-        unscaled gradients, not yet stepped, of this ``structure`` or a related one (:func:`_related_signatures`:
+        unscaled gradients, not yet stepped, of this ``structure`` or a related one (:func:`related_signatures`:
         these gradients may be those, part of them, or hold them, so they may be unscaled already); else 0."""
         rows = self._rows()
         related = self._false_row
-        for signature in _related_signatures(structure):
+        for signature in related_signatures(structure):
             related = ops.logical_or(related, rows[STRUCTURE] == signature)
         others = ops.logical_and(rows[STAGE] == self._unscaled, related)
         ambiguous = _reduce_any(ops.logical_and(others, self._others[slot]))
         code = ops.select(ambiguous, self._ambiguous, self._no_misuse)
         return ops.select(column[STAGE] == self._stepped, self._step_twice, code)
-
-    @staticmethod
-    def raise_step_misuse(code):
-        """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
-        if code == STEP_TWICE:
-            raise RuntimeError(
-                "step() has already been called since the last update(). Call update() once per "
-                "iteration, after every optimizer's step(); with several optimizers give each its "
-                "own key."
-            )
-        if code == SCALED_GRADIENTS:
-            raise RuntimeError(
-                "step() got the scaled gradients that unscale_() was given for this optimizer. In "
-                "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
-                "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads)."
-            )
-        if code == LARGER_THAN_UNSCALED:
-            raise RuntimeError(
-                "step() got gradients with a larger global norm than the ones unscale_() returned for "
-                "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
-                "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
-                "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
-                "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
-                "only changes that do not raise the norm are accepted: to add to the gradients on "
-                "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay."
-            )
-        if code == AMBIGUOUS:
-            raise RuntimeError(
-                "step() got gradients shaped like the ones unscale_() returned for another key in "
-                "this iteration (the same shapes, or part of them, or holding them), and not yet "
-                "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
-                "returned for this optimizer, with the same key: to clip several optimizers' "
-                "gradients together, unscale_() each optimizer's own gradients, clip them together "
-                "and step each optimizer with its part. Otherwise call unscale_() for this "
-                "optimizer too, or step the other one first."
-            )
-        return code
 
     def refuse_update_without_checks(self):
         """PyTorch: update() needs an unscale_() or step() since the last update()."""
@@ -371,42 +287,3 @@ class OptimizerStates(nn.Cell):
     def reset(self):
         """A new iteration: every slot READY, no overflow recorded."""
         return self._write(self._iteration_rows, self._zero)
-
-    # ---- host ----------------------------------------------------------------------------------
-    def host_table(self):
-        """The table as read on the host (a NumPy copy, one sync); None inside a compiled function, where the graph
-        reads it (:func:`lossscale.core._parameters.outside_graph`)."""
-        if outside_graph(self.table):
-            return self.table.asnumpy().copy()
-        return None
-
-    def refuse_related_unscaled(self, table, slot, structure):
-        """From Python, before step() records anything: the AMBIGUOUS refusal of :meth:`ready_code`, with the
-        structures known now (a step compiled earlier knows those known when it was compiled)."""
-        if table is None or table[STAGE, slot] != READY:
-            return
-        related = np.isin(table[STRUCTURE], _related_signatures(structure))
-        others = np.arange(self.capacity) != slot
-        if np.any((table[STAGE] == UNSCALED) & related & others):
-            self.raise_step_misuse(AMBIGUOUS)
-
-    @staticmethod
-    def unscaled_in(table, slot):
-        """Whether ``slot``'s stage is UNSCALED in ``table`` (a :meth:`host_table` copy); None without one."""
-        if table is None:
-            return None
-        return bool(table[STAGE, slot] == UNSCALED)
-
-    def apply_or_restore(self, optimizer, grads, table):
-        """From Python: ``optimizer(grads)``. If it raises, the table is written back to ``table`` (as read before
-        this step()), so that step() can be called again: PyTorch records a step only once its optimizer
-        returned. (Was: the failed step stayed recorded, and the retry was refused as a second step.)"""
-        try:
-            return optimizer(grads)
-        except BaseException:
-            write_parameter(self.table, table)
-            raise
-
-    def between_iterations(self):
-        """True when no unscale_() or step() happened since the last update() (one host sync)."""
-        return not self.table.asnumpy()[STAGE].any()

@@ -27,7 +27,7 @@ from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import check_int_in_range
 from lossscale.core.policy import check_state
-from lossscale.core.scaler import positive_scale
+from lossscale.core.scaler_state import positive_scale
 from lossscale.core.update_cells import (
     DynamicLossScaleUpdateCell,
     FixedLossScaleUpdateCell,

@@ -77,6 +77,14 @@ def _add_mindspore_helpers(cell):
     cell.gpu_target = get_context("device_target") == "GPU"
 
 
+def _output_options(optimizer, extra_outputs, lr_per_micro_batch):
+    """``(extra_outputs, lr_per_micro_batch)`` checked, and refused for an optimizer that cannot honour them."""
+    options = {"extra_outputs": check_bool("extra_outputs", extra_outputs)}
+    options["lr_per_micro_batch"] = check_bool("lr_per_micro_batch", lr_per_micro_batch)
+    refuse_nn_optimizer_options(optimizer, options)
+    return options["extra_outputs"], options["lr_per_micro_batch"]
+
+
 class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCell):
     r"""Training step with loss scaling that runs on CPU, GPU and Ascend.
 
@@ -186,39 +194,43 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         super().__init__(network, optimizer, sens=None)
         self._subclass_options, self._reassigned_options = {}, ()  # see built_option
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
-        self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
-        # When the optimizer divides by the scale itself, the scale is a constant, as MindSpore's Python-float sens:
-        # a checkpoint written at another scale cannot change it while the optimizer keeps dividing by this one.
-        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
-        self.scale_sense = self.loss_scaler.scale_value
+        self._adopt_scale(optimizer, scale_sense, overflow_check)
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
-        self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
-        self._accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
-        if self._accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
-            self.loss_scaler.update_cell.bind_micro_step(self._accumulation.micro_step)  # for the manager's counts
-        self.checkpoint_receiver = CheckpointReceiver(self._accumulation is not None, self.loss_scaler.update_cell)
+        self._build_accumulation(accumulation_steps)
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
         # Restored on a skipped step (only when skipped steps are dropped, and only if the network has any).
         self.running_statistics = RunningStatistics.of(network) if self._drop_overflow_update else None
-        self._extra_outputs = check_bool("extra_outputs", extra_outputs)
-        self._lr_per_micro_batch = check_bool("lr_per_micro_batch", lr_per_micro_batch)
-        refuse_nn_optimizer_options(
-            optimizer, {"extra_outputs": self._extra_outputs, "lr_per_micro_batch": self._lr_per_micro_batch}
-        )
+        self._extra_outputs, self._lr_per_micro_batch = _output_options(optimizer, extra_outputs, lr_per_micro_batch)
         self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
         _add_mindspore_helpers(self)
-        self._zero = Tensor(0.0, mstype.float32)
-        self._one = Tensor(1.0, mstype.float32)
+        self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
         self._false = Tensor(False, mstype.bool_)
         self._state_checked = False
         self._host_features = self._describe_host_features()
         self._host_call_token = host_call_token()
         self._construct_only_options = self._options_only_our_construct_honours()
+
+    def _adopt_scale(self, optimizer, scale_sense, overflow_check):
+        """The loss-scaling core for ``scale_sense``. When the optimizer divides by the scale itself, the scale is
+        a constant, as MindSpore's Python-float sens: a checkpoint written at another scale cannot change it while
+        the optimizer keeps dividing by this one."""
+        self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
+        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
+        self.scale_sense = self.loss_scaler.scale_value
+
+    def _build_accumulation(self, accumulation_steps):
+        """The accumulation part (None for one micro-batch per step) and the receiver of checkpoint loads, which
+        depends on it."""
+        self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
+        self._accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
+        if self._accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
+            self.loss_scaler.update_cell.bind_micro_step(self._accumulation.micro_step)  # for the manager's counts
+        self.checkpoint_receiver = CheckpointReceiver(self._accumulation is not None, self.loss_scaler.update_cell)
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
