@@ -91,15 +91,17 @@ def _train_cell_knock_outs():
 def _gradscaler_knock_outs():
     """``{name: {function slot: replacement}}`` and a ``restore`` callable putting the originals back."""
     from lossscale.core import scaler
+    from lossscale.core.scaler_state import ScalerHostState
     from lossscale.frontends import grad_scaler, iteration
+    from lossscale.frontends.iteration_table import IterationTableHost
     from lossscale.frontends.optimizer_states import OptimizerStates
 
     originals = {
-        (OptimizerStates, "raise_step_misuse"): OptimizerStates.__dict__["raise_step_misuse"],
+        (IterationTableHost, "raise_step_misuse"): IterationTableHost.__dict__["raise_step_misuse"],
         (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
         (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
         (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
-        (scaler.LossScaler, "set_rule"): scaler.LossScaler.set_rule,
+        (ScalerHostState, "set_rule"): ScalerHostState.set_rule,
         (scaler, "_scale_tree"): scaler._scale_tree,
     }
     step_decision = originals[(iteration.IterationGraph, "step_decision")]
@@ -126,11 +128,11 @@ def _gradscaler_knock_outs():
         return None
 
     raises = {
-        (OptimizerStates, "raise_step_misuse"): staticmethod(no_step_raise),
+        (IterationTableHost, "raise_step_misuse"): staticmethod(no_step_raise),
         (OptimizerStates, "refuse_update_without_checks"): no_update_raise,
     }
     branch = {(iteration.IterationGraph, "step_decision"): only_the_usual_branch}
-    constants = {(grad_scaler, "LossScaler"): constant_rule_core, (scaler.LossScaler, "set_rule"): no_rule_change}
+    constants = {(grad_scaler, "LossScaler"): constant_rule_core, (ScalerHostState, "set_rule"): no_rule_change}
     loss_term = {(scaler, "_scale_tree"): scale_tree_times_s}
     ladder = {
         "current": {},

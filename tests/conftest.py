@@ -22,7 +22,7 @@ if ROOT not in sys.path:
 
 # Run by test_reference_keras.py and test_reference_jax.py under other interpreters (with TensorFlow, with JAX):
 # not importable here.
-collect_ignore = ["keras_reference.py", "jax_reference.py"]
+collect_ignore = ["references/keras_reference.py", "references/jax_reference.py"]
 
 # As the command line does (the results page is its output): fast CPU convolutions with MindSpore 2.10. The
 # processes the tests start inherit it.
@@ -30,7 +30,9 @@ prefer_fast_cpu_convolutions()
 
 # HYPOTHESIS_PROFILE=ci (set by .ci/run): the property tests draw the same examples on every run, so that CI's verdict
 # depends on the change only; elsewhere they draw new ones each run (a failure prints how to reproduce it).
-settings.register_profile("ci", derandomize=True)
+# No example database: the suite leaves no .hypothesis/ folder behind.
+settings.register_profile("default", database=None)
+settings.register_profile("ci", derandomize=True, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 

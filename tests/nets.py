@@ -12,6 +12,8 @@ from mindspore.common import dtype as mstype
 from lossscale import LossScaleOptimizer
 from lossscale.training.checkpoints import is_loss_scale_state
 
+TESTS = os.path.dirname(os.path.abspath(__file__))  # the tests folder: helpers, workers, data
+
 
 def regression_net(in_features=6, out_features=3, seed=0):
     """``WithLossCell(Dense -> ReLU -> Dense, MSE)`` with deterministic weights."""
@@ -332,9 +334,9 @@ def training_case(kwargs, batches, lr):
 
 
 def run_reference_script(python, script, cases):
-    """Run ``tests/<script>`` under the interpreter ``python`` (a framework that cannot share this process) with
-    ``cases`` as JSON on stdin; return its JSON output."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    """Run ``tests/references/<script>`` under the interpreter ``python`` (a framework that cannot share this
+    process) with ``cases`` as JSON on stdin; return its JSON output."""
+    path = os.path.join(TESTS, "references", script)
     done = subprocess.run(
         [python, path], input=json.dumps(cases), capture_output=True, text=True, timeout=300, check=False
     )

@@ -3,7 +3,7 @@
 ``python tests/release_checkpoint.py OUT_DIR`` was run once with the 0.1.0 release (commit ed60d3f) to
 write, per configuration, ``<name>.ckpt`` (the train cell saved after ``SPLIT`` calls) and
 ``<name>.npz`` (what 0.1.0 then did on calls ``SPLIT..STEPS-1``: losses, overflow flags, scales, the
-counters, and every Parameter at the end). ``tests/test_compatibility.py`` loads each checkpoint into a
+counters, and every Parameter at the end). ``tests/training/test_compatibility.py`` loads each checkpoint into a
 train cell built by the current code and checks it continues exactly as 0.1.0 did.
 """
 

@@ -9,7 +9,7 @@ from mindspore import nn
 
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
-from lossscale.demo.options import EXIT_OK, prepare_output
+from lossscale.demo.options import EXIT_OK, default_output, prepare_output
 from lossscale.demo.results import comparison_verdict, write_results_page
 from lossscale.demo.runs import (
     _copy_of,
@@ -85,7 +85,7 @@ def format_comparison(runs):
 
 
 def command_compare(args):
-    output = prepare_output(args.output or os.path.join("runs", f"compare-{args.model}"), "compare")
+    output = prepare_output(args.output or default_output("compare", args), "compare")
     runs = compare_runs(args)
     table, verdict = format_comparison(runs), comparison_verdict(runs)
     print(table)

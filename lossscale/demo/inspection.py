@@ -11,7 +11,7 @@ from mindspore import nn
 from lossscale.core._text import format_scale
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
-from lossscale.demo.options import DEFAULTS, EXIT_OK, PRECISIONS, parse_loss_scale, prepare_output
+from lossscale.demo.options import DEFAULTS, EXIT_OK, PRECISIONS, default_output, parse_loss_scale, prepare_output
 from lossscale.demo.runs import _copy_of, _first_training_batches, _try_plot, _weighted_loss, _write_json, run_training
 from lossscale.training.integration import build_train_network
 from lossscale_models import create_model
@@ -108,7 +108,7 @@ def scale_advice(trajectory):
 
 
 def command_inspect(args):
-    output = prepare_output(args.output or os.path.join("runs", f"inspect-{args.model}"), "inspect")
+    output = prepare_output(args.output or default_output("inspect", args), "inspect")
     network, trajectory = largest_safe_along_training(args)
     reference, lost, batches = measure_gradients(args, network)
     report = magnitude_report(reference, args.scale)

@@ -9,6 +9,7 @@ Example:
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 
@@ -154,6 +155,24 @@ def _manager(kind, value, drop=True):
     return build
 
 
+def default_output(command, args):
+    """``runs/<command>-<configuration>``, the folder a run writes to without ``--output``: the model, the precision
+    and, for ``train``, the loss-scale mode and the number of workers, so that runs of other configurations keep
+    their results.
+
+    Example:
+        >>> from argparse import Namespace
+        >>> default_output("train", Namespace(model="lenet5", precision="O2", loss_scale="fixed:1024", workers=2))
+        'runs/train-lenet5-O2-fixed-1024-2workers'
+    """
+    parts = [command, args.model, args.precision]
+    if command == "train":
+        parts.append(re.sub(r"[^A-Za-z0-9.]+", "-", args.loss_scale).strip("-"))
+        if args.workers > 1:
+            parts.append(f"{args.workers}workers")
+    return os.path.join("runs", "-".join(parts))
+
+
 def prepare_output(path, command, announce=True):
     """Create ``path`` if needed and check it is writable; say which earlier results it replaces (unless not
     ``announce``: the workers that ``--workers`` launches, whose launcher said it already), then remove them, so
@@ -292,7 +311,11 @@ def _add_train_command(commands):
     train.add_argument(
         "--workers", type=_positive_int, default=1, help="data-parallel processes on this machine, launched with msrun"
     )
-    train.add_argument("--output", default=None, help="output folder (default: runs/train-MODEL-PRECISION)")
+    train.add_argument(
+        "--output",
+        default=None,
+        help="output folder (default: runs/train-MODEL-PRECISION-LOSS_SCALE, and -Nworkers with --workers N)",
+    )
 
 
 def _add_compare_command(commands):
@@ -324,7 +347,7 @@ def _add_compare_command(commands):
         help="clean steps before the dynamic scale grows",
     )
     _add_training(compare, COMPARE_DEFAULTS["epochs"])
-    compare.add_argument("--output", default=None, help="output folder (default: runs/compare-MODEL)")
+    compare.add_argument("--output", default=None, help="output folder (default: runs/compare-MODEL-PRECISION)")
     compare.add_argument(
         "--results",
         default=None,
@@ -359,7 +382,7 @@ def _add_inspect_command(commands):
         "overflow at the start and after every epoch (0: the untrained network only)",
         "Adam learning rate of the training with --epochs",
     )
-    inspect.add_argument("--output", default=None, help="output folder (default: runs/inspect-MODEL)")
+    inspect.add_argument("--output", default=None, help="output folder (default: runs/inspect-MODEL-PRECISION)")
 
 
 def build_parser():

@@ -118,7 +118,7 @@ def render_page(args, runs, measurements, page, machine, date):
         f"    {command_line(args, page)}",
         "",
         f"on {machine}, on {date}. Rerun that command to regenerate it (figures included);",
-        "`tests/test_results_page.py` reruns it and checks the page against the fresh run.",
+        "`tests/demo/test_results_page.py` reruns it and checks the page against the fresh run.",
         "",
         "## The configuration and why",
         "",

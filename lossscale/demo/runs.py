@@ -22,6 +22,7 @@ from lossscale.demo.options import (
     TrainingStalled,
     _check_model,
     _refuse_empty_epoch,
+    default_output,
     parse_loss_scale,
     prepare_output,
 )
@@ -339,7 +340,7 @@ def launch_workers(args, output):
 def command_train(args):
     parse_loss_scale(args.loss_scale, args.scale_window)
     output = prepare_output(
-        args.output or os.path.join("runs", f"train-{args.model}-{args.precision}"),
+        args.output or default_output("train", args),
         "train",
         announce=not msrun.launched_by_us(),
     )

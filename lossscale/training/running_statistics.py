@@ -31,7 +31,7 @@ _restore = ops.MultitypeFuncGraph("_restore")
 @_copy.register("Tensor")
 def _tensor_copy(statistic):
     # A computed copy: the Parameter's loaded value itself aliases the buffer that the forward pass then updates in
-    # place (measured on MindSpore 2.10 CPU: tests/test_running_statistics.py fails with it).
+    # place (measured on MindSpore 2.10 CPU: tests/training/test_running_statistics.py fails with it).
     return statistic * 1
 
 

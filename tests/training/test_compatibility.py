@@ -22,12 +22,12 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from nets import GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
+from nets import TESTS, GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
 from release_checkpoint import CONFIGS, SPLIT, STEPS, run_calls
 
 from lossscale import DynamicLossScaleManager, GradScaler, TrainOneStepWithLossScaleCell
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 DATA = os.path.join(HERE, "data", "release_0_1_0")
 
 

@@ -3,12 +3,12 @@
 jmp (the model of :class:`lossscale.LossScaler`'s protocol) and Keras 3 run on JAX, whose current releases
 need NumPy 2, while MindSpore needs NumPy < 2: they run in their own interpreter, named by
 ``LOSSSCALE_JAX_PYTHON`` (CI sets it when it can install ``jax``, ``jmp`` and ``keras``), and
-``tests/jax_reference.py`` runs every case there once per session. Skipped when the variable is not set.
+``tests/references/jax_reference.py`` runs every case there once per session. Skipped when the variable is not set.
 
 - jmp, step for step on the same losses and gradients (float32 and float16, with injected inf/nan): the
   scaled loss, the unscaled gradients, the finiteness decision, then the scale and counter after
   ``adjust``; :class:`lossscale.LossScaler` with the "jmp" preset, in one ``mindspore.jit`` step.
-- Keras 3 (JAX backend), the same training as tests/test_reference_keras.py: the scale, the counter and the
+- Keras 3 (JAX backend), the same training as tests/references/test_reference_keras.py: the scale, the counter and the
   weights after every step of ``LossScaleOptimizer(policy=get_preset("keras"))``; and the preset's rule
   (the pure policy and the graph update cell) on flag sequences, with the deliberate differences pinned.
 """

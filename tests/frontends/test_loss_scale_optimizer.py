@@ -92,7 +92,7 @@ def test_fixed_loss_scale_applied_to_loss_with_minimize():
 
 
 def _keras_rule(flags, scale, growth_steps):
-    """tf.keras' rule (as in tests/test_presets.py): floor 1, finite growth only."""
+    """tf.keras' rule (as in tests/core/test_presets.py): floor 1, finite growth only."""
     return [s.scale for s in run(get_preset("tf_keras", init_scale=scale, growth_interval=growth_steps), flags)]
 
 

@@ -15,12 +15,13 @@ import re
 import shlex
 
 import pytest
+from nets import TESTS
 
 from lossscale.demo import plots
 from lossscale.demo.cli import main
 from lossscale.demo.results import _comparison_rows, machine_description
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TESTS)
 PAGE = os.path.join(ROOT, "docs", "results.md")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 

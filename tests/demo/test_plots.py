@@ -1,5 +1,5 @@
 """The command line's plots draw what their captions say: matplotlib's artists are read when the figure would be
-saved (the PNG itself is checked only for existence and size, in tests/test_cli.py)."""
+saved (the PNG itself is checked only for existence and size, in tests/demo/test_cli.py)."""
 
 import math
 import sys

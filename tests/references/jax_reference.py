@@ -1,7 +1,7 @@
 """Run jmp's ``DynamicLossScale`` and Keras 3's ``LossScaleOptimizer`` (JAX backend) on cases read as JSON
 from stdin; print JSON.
 
-Run by tests/test_reference_jax.py with the interpreter named by LOSSSCALE_JAX_PYTHON: jmp needs JAX,
+Run by tests/references/test_reference_jax.py with the interpreter named by LOSSSCALE_JAX_PYTHON: jmp needs JAX,
 whose current releases need NumPy 2, and MindSpore needs NumPy < 2, so they cannot share a process. Only
 the standard library, NumPy, JAX, jmp and Keras are imported here.
 

@@ -11,16 +11,25 @@ import sys
 import mindspore as ms
 import numpy as np
 import pytest
+from nets import TESTS
 
 from lossscale.demo.cli import main
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 from lossscale.demo.inspection import scale_advice
 from lossscale.demo.msrun import LAUNCHED_MARK
-from lossscale.demo.options import EXIT_STALLED, EXIT_USAGE, CliError, _check_batch_size, build_parser, parse_loss_scale
+from lossscale.demo.options import (
+    EXIT_STALLED,
+    EXIT_USAGE,
+    CliError,
+    _check_batch_size,
+    build_parser,
+    default_output,
+    parse_loss_scale,
+)
 from lossscale.demo.results import comparison_verdict
 from lossscale.demo.runs import CLI_OVERFLOW_ADVICE, nothing_trained, run_training, stall_warning
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TESTS)
 TINY = ["--model", "mlp", "--epochs", "1", "--batch-size", "128", "--no-progress"]
 
 
@@ -536,6 +545,42 @@ def test_a_failed_msrun_launch_is_a_one_line_error_naming_the_logs(tmp_path, cap
     assert main(["train", *TINY, "--workers", "2", "--output", str(tmp_path)]) == EXIT_USAGE
     assert "--worker_num=2" in launched[0]
     _one_error_line(capsys, f"msrun failed with exit code 1; worker logs are in {tmp_path / 'msrun_logs'}")
+
+
+@pytest.mark.parametrize(
+    "arguments, folder",
+    [
+        (["train"], "train-lenet5-O2-dynamic"),
+        (["train", "--loss-scale", "fixed:1024"], "train-lenet5-O2-fixed-1024"),
+        (["train", "--loss-scale", "fixed:1024", "--workers", "2"], "train-lenet5-O2-fixed-1024-2workers"),
+        (["train", "--precision", "fp32", "--loss-scale", "none"], "train-lenet5-fp32-none"),
+        (["train", "--model", "mlp", "--loss-scale", "preset:pytorch"], "train-mlp-O2-preset-pytorch"),
+        (["compare", "--model", "mlp", "--precision", "O2"], "compare-mlp-O2"),
+        (["inspect"], "inspect-lenet5-O3"),
+    ],
+)
+def test_each_configuration_has_a_results_folder_of_its_own(arguments, folder):
+    """Without --output a run writes to runs/<command>-<configuration>: runs of other settings keep theirs."""
+    args = build_parser().parse_args(arguments)
+    assert default_output(args.command, args) == os.path.join("runs", folder)
+
+
+def test_msrun_logs_go_into_the_runs_own_folder(tmp_path, capsys, monkeypatch):
+    """With --workers and no --output, msrun writes its worker logs inside the run's folder, and nothing of
+    another configuration's folder is touched."""
+    other = tmp_path / "runs" / "train-mlp-O2-dynamic"
+    other.mkdir(parents=True)
+    (other / "metrics.csv").write_text("kept")
+    monkeypatch.setattr(
+        "lossscale.demo.msrun.run_msrun", lambda command, timeout, env=None: subprocess.CompletedProcess(command, 1)
+    )
+    monkeypatch.delenv(LAUNCHED_MARK, raising=False)
+    monkeypatch.delenv("MS_ROLE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY, "--workers", "2"]) == EXIT_USAGE
+    logs = tmp_path / "runs" / "train-mlp-O2-dynamic-2workers" / "msrun_logs"
+    _one_error_line(capsys, f"worker logs are in {logs}")
+    assert (other / "metrics.csv").read_text() == "kept"
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Run tf.keras' LossScaleOptimizer (Keras 2, TensorFlow <= 2.15) on cases read as JSON from stdin; print JSON.
 
-Run by tests/test_reference_keras.py with the interpreter named by LOSSSCALE_KERAS_PYTHON: TensorFlow
+Run by tests/references/test_reference_keras.py with the interpreter named by LOSSSCALE_KERAS_PYTHON: TensorFlow
 2.15 needs protobuf < 5 and MindSpore 2.10 protobuf >= 7, so they cannot share a process. Only the
 standard library, NumPy and TensorFlow are imported here.
 

@@ -2,7 +2,7 @@
 
 TensorFlow 2.15, the last with Keras 2 inside, needs protobuf < 5 and MindSpore protobuf >= 7, so
 tf.keras runs in its own interpreter: ``LOSSSCALE_KERAS_PYTHON`` names it (CI sets it when it can
-install ``tensorflow-cpu==2.15.1``), and ``tests/keras_reference.py`` runs the cases there once per
+install ``tensorflow-cpu==2.15.1``), and ``tests/references/keras_reference.py`` runs the cases there once per
 session. The same model, data and injected infs in both: the loss scale, ``dynamic_counter``,
 ``iterations`` and the weights after every step; the construction errors. Skipped when the
 variable is not set.

@@ -10,7 +10,7 @@ import numpy as np
 import psutil
 import pytest
 from mindspore import Tensor, nn
-from nets import regression_batches, regression_net
+from nets import TESTS, regression_batches, regression_net
 
 from lossscale import TrainOneStepWithLossScaleCell, get_preset
 from lossscale.core.policy import run
@@ -23,7 +23,7 @@ from lossscale.demo.msrun import (
     run_msrun,
 )
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import dp_worker  # noqa: E402

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from nets import (
+    TESTS,
     GradCapture,
     LossPlusInput,
     changed_since,
@@ -41,7 +42,7 @@ from lossscale.core.clipping import global_norm
 from lossscale.core.policy import run
 from lossscale.training.bookkeeping import INT32_MAX, PersistentOverflowError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS
 
 
 def _poisoned(batch, value=np.inf):
