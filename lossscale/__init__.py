@@ -36,6 +36,7 @@ _EXPORTS = {
     "build_train_network": "lossscale.training.integration",
     "choose_overflow_check": "lossscale.core.overflow",
     "get_preset": "lossscale.core.presets",
+    "prefer_fast_cpu_convolutions": "lossscale.core.compat",
     "restore_loss_scale": "lossscale.training.checkpoints",
 }
 

@@ -108,6 +108,17 @@ def test_eager_benchmark_smoke_run():
     assert "first call s" in done.stdout
 
 
+@pytest.mark.reference
+def test_torch_benchmark_smoke_run():
+    """PyTorch's GradScaler against PyTorch's plain step (skipped without torch)."""
+    pytest.importorskip("torch")
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_torch.py"), "--rounds", "2", "--steps", "1"]
+    done = subprocess.run([*command, "--warmup", "1"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads([line for line in done.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert set(result["median_ms"]) == {"torch_plain", "torch_gradscaler"} and result["gradscaler/plain"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "step, rows",

@@ -5,9 +5,12 @@ import inspect
 import os
 import pkgutil
 import re
-import runpy
+import subprocess
+import sys
 
 import pytest
+
+from lossscale.demo.msrun import msrun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,46 +20,56 @@ def _read(*parts):
         return handle.read()
 
 
-@pytest.mark.slow
-def test_quickstart_model_example_runs(tmp_path, monkeypatch, capsys):
-    block = re.findall(r"```python\n(.*?)```", _read("docs", "quickstart.md"), re.S)[0]
-    monkeypatch.chdir(tmp_path)
-    exec(compile(block, "quickstart.md", "exec"), {})
-    out = capsys.readouterr().out
-    assert "'acc':" in out and (tmp_path / "steps.csv").exists()
+MSRUN = "# run with: msrun"  # the first line of an example that runs on 2 ranks (data parallel)
 
 
-def test_readme_example_runs():
-    """The README's example builds its Model (its training is left as a comment there)."""
-    (block,) = re.findall(r"```python\n(.*?)```", _read("README.md"), re.S)
-    namespace = {}
-    exec(compile(block, "README.md", "exec"), namespace)
-    assert namespace["manager"].get_loss_scale() == 2.0**24  # MindSpore's default, as its comment says
-    assert namespace["model"].train_network.loss_scaling_manager is not None
+def _python_blocks():
+    """Every Python block of README.md and docs/*.md, as pytest params: the README's in the fast tier."""
+    pages = ["README.md"] + sorted(
+        f"docs/{name}" for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")
+    )
+    for page in pages:
+        for index, code in enumerate(re.findall(r"```python\n(.*?)```", _read(page), re.S)):
+            marks = () if page == "README.md" else (pytest.mark.slow,)
+            yield pytest.param(code, id=f"{page}:{index + 1}", marks=marks)
 
 
-@pytest.mark.slow
-def test_migration_examples_run(tmp_path, capsys):
-    """Every lossscale example of the migration guide runs as written and prints what its comments say.
+def _printed_lines(code):
+    """What the example says it prints: the comment of each top-level ``print(...)  # output`` line."""
+    return [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "#" in line]
 
-    Each block runs from a file of its own (MindSpore's compiler reads the source of jit functions)."""
-    blocks = re.findall(r"```python\n(.*?)```", _read("docs", "migration.md"), re.S)
-    assert len(blocks) >= 3
-    for index, block in enumerate(blocks):
-        path = tmp_path / f"migration_example_{index}.py"
-        path.write_text(block, encoding="utf-8")
-        runpy.run_path(str(path), run_name="__main__")
-        printed = capsys.readouterr().out.split()
-        for line in block.splitlines():
-            if line.startswith("print(") and "#" in line:
-                expected = line.split("#", 1)[1].split()
-                assert [printed.pop(0) for _ in expected] == expected, line
+
+def _run_example(code, folder):
+    """Run ``code`` from a file of its own in ``folder`` (MindSpore's compiler reads the source of jit functions),
+    in a fresh process; return what it printed (rank 0's, for a data-parallel example)."""
+    path = folder / "example.py"
+    path.write_text(code, encoding="utf-8")
+    if code.startswith(MSRUN):
+        command = msrun_command(str(path), workers=2, log_dir=str(folder / "logs"))
+    else:
+        command = [sys.executable, str(path)]
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    if code.startswith(MSRUN):
+        return (folder / "logs" / "worker_0.log").read_text(encoding="utf-8")
+    return done.stdout
+
+
+@pytest.mark.parametrize("code", _python_blocks())
+def test_every_python_block_runs_as_written(code, tmp_path):
+    """Each example runs as written in an empty folder and prints what its comments say, in that order."""
+    printed = [line.strip() for line in _run_example(code, tmp_path).splitlines()]
+    position = 0
+    for expected in _printed_lines(code):
+        assert expected in printed[position:], (expected, printed[-20:])
+        position = printed.index(expected, position) + 1
 
 
 def test_readme_starts_with_install_and_run_commands():
     first_block = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)[0].splitlines()
-    assert first_block[0].startswith('pip install -e ".[demo]" && python -m lossscale train')
-    assert first_block[1].startswith('pip install -e ".[test]" && python -m pytest -m "not slow and not reference"')
+    assert first_block[0].startswith("python -m venv .venv && . .venv/bin/activate")
+    assert first_block[1].startswith('pip install -e ".[demo]" && python -m lossscale train')
+    assert first_block[2].startswith('pip install -e ".[test]" && python -m pytest -m "not slow and not reference"')
     ci = _read(".ci", "run")
     assert 'pip install -q -e ".[test]"' in ci and 'python -m pytest -q -m "$FAST"' in ci
     assert "FAST='not slow and not reference'" in ci  # the README's command, which CI runs as it is
