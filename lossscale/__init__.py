@@ -18,6 +18,8 @@ import importlib
 __version__ = "0.2.0"
 
 _EXPORTS = {
+    "AdaptiveLossScaleManager": "lossscale.training.adaptive_manager",
+    "AdaptiveLossScaleUpdateCell": "lossscale.core.adaptive_cell",
     "DynamicLossScaleManager": "lossscale.training.managers",
     "DynamicLossScaleUpdateCell": "lossscale.core.update_cells",
     "FixedLossScaleManager": "lossscale.training.managers",

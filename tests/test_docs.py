@@ -24,14 +24,13 @@ MSRUN = "# run with: msrun"  # the first line of an example that runs on 2 ranks
 
 
 def _python_blocks():
-    """Every Python block of README.md and docs/*.md, as pytest params: the README's in the fast tier."""
+    """Every Python block of README.md and docs/*.md, as pytest params (each a fresh process: the slow tier)."""
     pages = ["README.md"] + sorted(
         f"docs/{name}" for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")
     )
     for page in pages:
         for index, code in enumerate(re.findall(r"```python\n(.*?)```", _read(page), re.S)):
-            marks = () if page == "README.md" else (pytest.mark.slow,)
-            yield pytest.param(code, id=f"{page}:{index + 1}", marks=marks)
+            yield pytest.param(code, id=f"{page}:{index + 1}", marks=pytest.mark.slow)
 
 
 def _printed_lines(code):

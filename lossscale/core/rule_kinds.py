@@ -3,7 +3,8 @@
 What decides the scale is chosen once, when the core is built (:func:`rule_kind`): a number or Tensor (a fixed
 scale, :class:`FixedScale`), a fixed update cell (ours or MindSpore's, :class:`FixedCell`), our dynamic update cell
 (:class:`DynamicCell`, whose rule may switch between fixed and dynamic when it is held in Parameters),
-MindSpore's own dynamic update cell (:class:`MindSporeDynamicCell`, which counts step numbers), any other update
+MindFormers' adaptive-window cell (:class:`AdaptiveCell`), MindSpore's own dynamic update cell
+(:class:`MindSporeDynamicCell`, which counts step numbers), any other update
 Cell (:class:`ForeignCell`), and a scale held as a graph constant (:class:`FrozenScale`). The core asks its adapter
 and never branches on the kind (jmp's shape: one protocol, several kinds of scale).
 
@@ -20,7 +21,8 @@ Example:
 from mindspore import nn
 
 from lossscale.core._parameters import write_parameter
-from lossscale.core._validation import check_int_in_range
+from lossscale.core._validation import FLOAT32_MAX, check_int_in_range
+from lossscale.core.adaptive_cell import AdaptiveLossScaleUpdateCell
 from lossscale.core.policy import state_dict_values
 from lossscale.core.update_cells import (
     DynamicLossScaleUpdateCell,
@@ -112,6 +114,20 @@ class DynamicCell(FixedScale):
             )
 
 
+class AdaptiveCell(DynamicCell):
+    """MindFormers' adaptive update cell: its rule (an AdaptiveWindowRule), scales in ``[1, float32 max]``, its
+    window state in the state dict, and one owner."""
+
+    dynamic = True
+
+    @property
+    def policy(self):
+        return self.cell.rule
+
+    def bounds(self):
+        return 1.0, FLOAT32_MAX
+
+
 class MindSporeDynamicCell(FixedScale):
     """MindSpore's own dynamic update cell, which keeps step numbers: its clean steps in a row are the state's
     ``good_steps``, and a state holds them or the scale alone (0.1.0 kept the scale only for it)."""
@@ -143,6 +159,8 @@ def rule_kind(update_cell, frozen, frozen_scale=None):
         return FixedScale()
     if isinstance(update_cell, DynamicLossScaleUpdateCell):
         return DynamicCell(update_cell)
+    if isinstance(update_cell, AdaptiveLossScaleUpdateCell):
+        return AdaptiveCell(update_cell)
     if isinstance(update_cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
         return FixedCell(update_cell)
     if isinstance(update_cell, nn.DynamicLossScaleUpdateCell):

@@ -52,6 +52,8 @@ from lossscale.core._naming import check_name
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_bool, read_only
 from lossscale.core._warnings import warn_at_caller
+from lossscale.core.adaptive import AdaptiveWindowRule
+from lossscale.core.adaptive_cell import AdaptiveLossScaleUpdateCell
 from lossscale.core.compat import differentiating
 from lossscale.core.parallel import is_parallel, refuse_parallel_mode_set_after_build
 from lossscale.core.policy import LossScalePolicy
@@ -220,6 +222,7 @@ class LossScaler(ScalerHostState, nn.Cell):
         rule: what decides the scale.
 
             - a :class:`lossscale.core.policy.LossScalePolicy`: dynamic scaling with that rule;
+            - a :class:`lossscale.core.adaptive.AdaptiveWindowRule`: MindFormers' adaptive window;
             - a number or a float Tensor of shape () or (1,): a fixed scale;
             - an update Cell (``cell(scale, overflow) -> overflow`` with ``get_loss_scale()``:
               ours or MindSpore's): that cell decides, as in MindSpore's train cell.
@@ -304,6 +307,9 @@ class LossScaler(ScalerHostState, nn.Cell):
         """``(update cell or None, initial scale, scale shape)`` for the accepted kinds of ``rule``."""
         if isinstance(rule, LossScalePolicy):
             cell = DynamicLossScaleUpdateCell.from_policy(rule, mutable_rule=mutable_rule)
+            return cell, cell.get_loss_scale(), ()
+        if isinstance(rule, AdaptiveWindowRule):
+            cell = AdaptiveLossScaleUpdateCell.from_rule(rule)
             return cell, cell.get_loss_scale(), ()
         initial, shape = rule_scale(rule)
         return (rule if isinstance(rule, nn.Cell) else None), initial, shape

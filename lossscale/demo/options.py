@@ -103,11 +103,14 @@ _probe_scale = _number(float, "a number in (0, 3.4e38] (float32's range)", lambd
 
 
 def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
-    """Turn ``none`` / ``fixed:S`` / ``dynamic`` / ``preset:NAME`` into ``(label, manager_factory)``.
+    """Turn ``none`` / ``fixed:S`` / ``dynamic`` / ``adaptive[:MIN:MAX]`` / ``preset:NAME`` into
+    ``(label, manager_factory)``.
 
     ``none`` still uses the lossscale cell (scale 1, every step applied) so that overflows are
     reported; ``dynamic`` is MindSpore's ``DynamicLossScaleManager`` defaults with
-    ``scale_window`` clean steps per growth; ``preset:NAME`` is a rule of
+    ``scale_window`` clean steps per growth; ``adaptive`` is MindFormers' adaptive window
+    (:class:`lossscale.AdaptiveLossScaleManager`) starting at ``scale_window``, its levels between MIN and MAX
+    (default 20 and 1000); ``preset:NAME`` is a rule of
     :mod:`lossscale.core.presets` (e.g. ``preset:pytorch``), also with ``scale_window``.
 
     Example:
@@ -130,12 +133,29 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
                 f"--loss-scale fixed:S needs a number S in [1, 3.4e38] (float32's range), but got {text!r}"
             ) from None
         return f"fixed:{value:g}", _manager("fixed", value)
+    if spec == "adaptive" or spec.startswith("adaptive:"):
+        return spec, _manager("adaptive", (scale_window, *_window_bounds(spec)))
     if spec.startswith("preset:"):
         name = spec[len("preset:") :]
         if name not in PRESET_NAMES:
             raise CliError(f"unknown preset {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
         return spec, _manager("preset", (name, scale_window))
-    raise CliError(f"--loss-scale must be 'none', 'fixed:S', 'dynamic' or 'preset:NAME', but got {spec!r}")
+    raise CliError(
+        f"--loss-scale must be 'none', 'fixed:S', 'dynamic', 'adaptive[:MIN:MAX]' or 'preset:NAME', but got {spec!r}"
+    )
+
+
+def _window_bounds(spec):
+    """``(min_scale_window, max_scale_window)`` of ``adaptive`` (MindFormers' 20 and 1000) or ``adaptive:MIN:MAX``."""
+    if spec == "adaptive":
+        return 20, 1000
+    parts = spec.split(":")[1:]
+    if len(parts) != 2 or not all(part.isdigit() and 0 < int(part) <= 2**31 - 1 for part in parts):
+        raise CliError(f"--loss-scale adaptive:MIN:MAX needs two whole numbers of steps >= 1, but got {spec!r}")
+    low, high = (int(part) for part in parts)
+    if low >= high:
+        raise CliError(f"--loss-scale adaptive:MIN:MAX needs MIN < MAX (the window levels), but got {spec!r}")
+    return low, high
 
 
 def _manager(kind, value, drop=True):
@@ -149,6 +169,11 @@ def _manager(kind, value, drop=True):
             return FixedLossScaleManager(value, drop_overflow_update=drop)
         if kind == "dynamic":
             return DynamicLossScaleManager(scale_window=value)
+        if kind == "adaptive":
+            from lossscale.training.adaptive_manager import AdaptiveLossScaleManager
+
+            window, low, high = value
+            return AdaptiveLossScaleManager(scale_window=window, min_scale_window=low, max_scale_window=high)
         name, window = value
         return DynamicLossScaleManager.from_policy(get_preset(name, growth_interval=window))
 
@@ -298,7 +323,8 @@ def _add_train_command(commands):
     train.add_argument(
         "--loss-scale",
         default=DEFAULTS["loss_scale"],
-        help="none, fixed:S, dynamic or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...)",
+        help="none, fixed:S, dynamic, adaptive[:MIN:MAX] (MindFormers' adaptive window, its levels from MIN to MAX "
+        "steps, default 20:1000) or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...)",
     )
     train.add_argument(
         "--scale-window",

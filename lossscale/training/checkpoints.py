@@ -26,6 +26,7 @@ from mindspore.common import dtype as mstype
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import check_int_in_range
+from lossscale.core.adaptive_cell import STATE_PARAMETERS, AdaptiveLossScaleUpdateCell, check_adaptive_state
 from lossscale.core.policy import check_state
 from lossscale.core.scaler_state import positive_scale
 from lossscale.core.update_cells import (
@@ -42,12 +43,18 @@ MICRO_STEP = "loss_scale_micro_step"
 # The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
 MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
 FRESH_MINDSPORE_COUNTERS = (1, 0)  # their values in a cell that has not run
+ADAPTIVE_PARAMETERS = frozenset(STATE_PARAMETERS.values())  # AdaptiveLossScaleUpdateCell's window state
 
 
 def is_loss_scale_state(name):
-    """Whether a Parameter name belongs to a train cell's loss-scale state (with MindSpore's own update cell
-    inside it: that cell's counters too)."""
-    return name == "scale_sense" or name.startswith("loss_scale_") or name in MINDSPORE_COUNTERS
+    """Whether a Parameter name belongs to a train cell's loss-scale state (with MindSpore's own update cell or
+    the adaptive one inside it: that cell's counters too)."""
+    return (
+        name == "scale_sense"
+        or name.startswith("loss_scale_")
+        or name in MINDSPORE_COUNTERS
+        or name in ADAPTIVE_PARAMETERS
+    )
 
 
 def _count(parameter):
@@ -91,6 +98,9 @@ def _check_rule_state(cell, scale):
         check_state(
             update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left")
         )
+    elif isinstance(update_cell, AdaptiveLossScaleUpdateCell):
+        state = dataclasses.replace(update_cell.get_state(), scale=scale)
+        check_adaptive_state(update_cell.rule, state, owner="checkpoint")
     elif isinstance(update_cell, FixedLossScaleUpdateCell):
         check_fixed_state({"loss_scale": scale}, update_cell.loss_scale_value, name="scale_sense")
     for name, count in cell.overflow_counters().items():

@@ -244,7 +244,7 @@ class DynamicLossScaleManager(LossScaleManager):
         overflow = overflow_decision(overflow)
         cell = self._device_cell()
         if cell is None:
-            self._state = update(self.policy, self._state, overflow)
+            self._state = self._host_update(overflow)
         else:
             self.get_state()
             if cell.window_open():  # a micro-batch inside an accumulation window: no step was decided
@@ -278,10 +278,22 @@ class DynamicLossScaleManager(LossScaleManager):
         The manager follows the most recent cell it made that a train cell has adopted (before any is, the most
         recent one made): ``get_loss_scale()`` reads it.
         """
-        state = self.get_state()
+        cell = self._new_cell(self.get_state())
+        self._update_cells = [ref for ref in self._update_cells if ref() is not None] + [weakref.ref(cell)]
+        return cell
+
+    def _state_from_dict(self, state):
+        """The state a state dict holds, validated against this manager's rule."""
+        return state_from_dict(self.policy, state)
+
+    def _host_update(self, overflow):
+        """The state after one step, applied on the host (no update cell in use)."""
+        return update(self.policy, self._state, overflow)
+
+    def _new_cell(self, state):
+        """A new update cell of this manager's rule, holding ``state``."""
         cell = DynamicLossScaleUpdateCell.from_policy(self.policy)
         cell.set_state(state)
-        self._update_cells = [ref for ref in self._update_cells if ref() is not None] + [weakref.ref(cell)]
         return cell
 
     def state_dict(self):
@@ -292,7 +304,7 @@ class DynamicLossScaleManager(LossScaleManager):
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output, into the device cell too when one is in use (validated: nothing
         changes on error)."""
-        restored = state_from_dict(self.policy, state)
+        restored = self._state_from_dict(state)
         cell = self._followed_cell()
         if cell is not None:
             cell.set_state(restored)

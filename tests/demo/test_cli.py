@@ -296,7 +296,7 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
         (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
         (["train", "--loss-scale", "fixed:1e39"], "but got '1e39'"),
         (["train", "--loss-scale", "fixed:nan"], "but got 'nan'"),
-        (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic' or 'preset:NAME'"),
+        (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic', 'adaptive[:MIN:MAX]' or 'preset:NAME'"),
         (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
         (["train", "--epochs", "0"], "--epochs: must be an integer in [1, 2147483647], got '0'"),
         (["train", "--epochs", "1.5"], "--epochs: must be an integer in [1, 2147483647], got '1.5'"),
@@ -482,6 +482,22 @@ def test_train_with_a_preset(tmp_path):
     assert summary["summary"]["max_loss_scale"] == 2.0**32 and summary["summary"]["skipped_steps"] < 44
 
 
+@pytest.mark.slow
+def test_train_with_the_adaptive_window(tmp_path):
+    """--loss-scale adaptive:MIN:MAX: MindFormers' rule from MindSpore's 2**24, its scale trajectory in
+    metrics.csv that of the rule given the run's own overflow flags."""
+    from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
+
+    spec = ["--loss-scale", "adaptive:4:40", "--scale-window", "4"]
+    assert main(["train", *TINY, "--batch-size", "32", *spec, "--output", str(tmp_path)]) == 0
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    flags = [row["overflow"] == "True" for row in rows]
+    expected = [state.scale for state in run_adaptive(AdaptiveWindowRule(2.0**24, 2, 4, 40, 4), flags)]
+    assert [float(row["next_loss_scale"]) for row in rows] == expected and any(flags) and not all(flags)
+    assert json.loads((tmp_path / "summary.json").read_text())["config"]["loss_scale"] == "adaptive:4:40"
+
+
 def test_parse_loss_scale():
     assert parse_loss_scale("none")[1]().get_drop_overflow_update() is False
     label, factory = parse_loss_scale("dynamic", scale_window=7)
@@ -492,6 +508,28 @@ def test_parse_loss_scale():
         parse_loss_scale("fixed:inf")
     label, factory = parse_loss_scale("fixed:1")  # the lowest scale allowed
     assert label == "fixed:1" and factory().get_loss_scale() == 1.0
+    label, factory = parse_loss_scale("adaptive", scale_window=100)  # MindFormers' bounds, starting at 100
+    manager = factory()
+    assert label == "adaptive" and manager.rule.levels == (20, 30, 40, 50, 100, 200, 500, 1000)
+    assert manager.state_dict()["scale_window"] == 100 and manager.get_loss_scale() == 2.0**24
+    label, factory = parse_loss_scale("adaptive:10:400", scale_window=10)
+    assert label == "adaptive:10:400" and factory().rule.levels[0] == 10 and factory().rule.levels[-1] == 400
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("adaptive:20", "needs two whole numbers"),
+        ("adaptive:0:100", "needs two whole numbers"),
+        ("adaptive:a:100", "needs two whole numbers"),
+        ("adaptive:100:20", "needs MIN < MAX"),
+        ("adaptive:20:20", "needs MIN < MAX"),
+        ("adaptiv", "'adaptive[:MIN:MAX]'"),
+    ],
+)
+def test_bad_adaptive_bounds_are_one_line_errors(spec, message):
+    with pytest.raises(CliError, match=re.escape(message)):
+        parse_loss_scale(spec)
 
 
 @pytest.mark.parametrize(
