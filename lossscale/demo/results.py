@@ -108,9 +108,17 @@ def comparison_verdict(runs, tolerance=0.5):
 
 def render_page(args, runs, measurements, page, machine, date):
     """The page as markdown (pure: numbers in, text out)."""
-    fp32, unscaled, dynamic = runs[0][1], runs[1][1], runs[-1][1]
-    dynamic_summary = dynamic["summary"]
-    lines = [
+    sections = (
+        _introduction(args, page, machine, date),
+        _gradient_section(args, measurements),
+        _comparison_section(runs),
+    )
+    return "\n".join(line for section in sections for line in section)
+
+
+def _introduction(args, page, machine, date):
+    """The title, the command that wrote the page, and the configuration and why."""
+    return [
         "# Results: does fp16 with lossscale train as well as fp32?",
         "",
         "This page is generated; do not edit it by hand. It was written by",
@@ -134,6 +142,12 @@ def render_page(args, runs, measurements, page, machine, date):
         f"{args.scale_window})` (MindSpore's initial 2**24). The test set has {TEST_IMAGES} held-out digits, so one "
         f"image is {100 / TEST_IMAGES:.2f} percentage points.",
         "",
+    ]
+
+
+def _gradient_section(args, measurements):
+    """Where the gradients at the initial weights fall in float16, with its figure."""
+    return [
         "## Gradients at the initial weights",
         "",
         f"Where the fp32 weight gradients of the first 4 training batches fall in float16, and what an "
@@ -143,6 +157,14 @@ def render_page(args, runs, measurements, page, machine, date):
         "",
         f"![log2 |gradient| of {args.model} against the float16 range](images/inspect-{args.model}.png)",
         "",
+    ]
+
+
+def _comparison_section(runs):
+    """The comparison table, the verdict and the training figure."""
+    fp32, unscaled, dynamic = runs[0][1], runs[1][1], runs[-1][1]
+    dynamic_summary = dynamic["summary"]
+    return [
         "## The comparison",
         "",
         *_comparison_rows(runs),
@@ -167,7 +189,6 @@ def render_page(args, runs, measurements, page, machine, date):
         "kernels are not faster than fp32 (see performance.md).",
         "",
     ]
-    return "\n".join(lines)
 
 
 def measure_initial_gradients(args):

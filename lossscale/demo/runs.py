@@ -370,11 +370,17 @@ def command_train(args):
     )
     if rank != 0:
         return EXIT_OK
+    return _report_training(result, output)
+
+
+def _report_training(result, output):
+    """Rank 0's report of a training run: metrics.csv, summary.json, the plot and the printed summary; stalled
+    runs warn, and a run that applied no step raises :class:`TrainingStalled`."""
     monitor = LossScaleMonitor(print_summary=False)
     monitor.records = result["records"]
     monitor.write_csv(os.path.join(output, "metrics.csv"))
-    warning = stall_warning(result)
-    stalled = warning is not None or nothing_trained(result) is not None
+    warning, nothing = stall_warning(result), nothing_trained(result)
+    stalled = warning is not None or nothing is not None
     _write_json(os.path.join(output, "summary.json"), dict(_public(result), stalled_by_overflow=stalled))
     config = result["config"]
     final_loss = result["final_loss"] / config["loss_weight"] if result["final_loss"] is not None else float("nan")
@@ -387,7 +393,6 @@ def command_train(args):
     _try_plot(plots.plot_training, _unweighted(result), os.path.join(output, "training.png"), title)
     if warning:
         print(warning, file=sys.stderr)
-    nothing = nothing_trained(result)
     if nothing:
         raise TrainingStalled(nothing)
     return EXIT_OK
