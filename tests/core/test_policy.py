@@ -235,6 +235,13 @@ def test_a_state_dict_may_be_any_mapping():
     assert state_from_dict(LossScalePolicy(init_scale=8.0), saved) == LossScaleState(scale=4.0, good_steps=1)
 
 
+@pytest.mark.parametrize("key", ["good_steps", "hysteresis_left"])
+def test_a_state_dicts_counters_must_be_ints_and_the_error_names_the_key(key):
+    saved = dict({"loss_scale": 4.0, "good_steps": 1, "hysteresis_left": 1}, **{key: 1.5})
+    with pytest.raises(TypeError, match=rf"'state_dict\['{key}'\]' must be an int, but got 1.5"):
+        state_from_dict(LossScalePolicy(init_scale=8.0, hysteresis=2), saved)
+
+
 @pytest.mark.parametrize("value", [np.array([3, 4]), np.zeros((1, 2)), np.array([], np.float32)], ids=repr)
 def test_a_state_value_is_one_number(value):
     with pytest.raises(TypeError, match=r"'good_steps' must be one number, but got an array of shape"):
