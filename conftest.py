@@ -1,7 +1,8 @@
 """Repository-wide pytest setup: MindSpore graph mode on CPU for tests and doctests alike, and a clean tree.
 
 MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory whenever a graph fails to compile
-(several tests make that happen on purpose); ``MS_OM_PATH`` sends it to a temporary folder instead. At the
+(several tests make that happen on purpose); ``MS_OM_PATH`` sends it to a temporary folder instead, where
+Hypothesis keeps its files too. At the
 end of the session, a file the tests left in the repository fails the run (ignored ones too, such as
 ``rank_*/``, but not caches), and the temporary folder is removed.
 """
@@ -17,6 +18,10 @@ if "MS_OM_PATH" not in os.environ:  # xdist workers inherit the controller's fol
     atexit.register(shutil.rmtree, os.environ["MS_OM_PATH"], ignore_errors=True)
 
 import mindspore as ms  # noqa: E402  (after MS_OM_PATH)
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+# Hypothesis keeps its example database and its cache of constants in the same temporary folder, not in .hypothesis/.
+set_hypothesis_home_dir(os.path.join(os.environ["MS_OM_PATH"], "hypothesis"))
 
 ms.set_context(mode=ms.GRAPH_MODE)
 if hasattr(ms, "set_device"):
@@ -27,7 +32,7 @@ else:  # pragma: no cover - MindSpore before set_device
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-CACHES = ("__pycache__/", ".hypothesis/", ".pytest_cache/", ".egg-info/")
+CACHES = ("__pycache__/", ".pytest_cache/", ".egg-info/")
 
 
 def _untracked():
