@@ -48,6 +48,8 @@ from lossscale.core._validation import FLOAT32_MAX, check_finite_in_range
 HIDDEN = -1  # the level of the window of 1, below the lowest level
 WINDOW_INTERVAL, WINDOW_FACTOR = 100, 2  # MindFormers' constants for the levels
 MOVES = 3  # growths (or back-offs without a growth) that move the window one level
+# MindFormers' default bounds, as its code has them (its docstring swaps the two).
+MAX_SCALE_WINDOW, MIN_SCALE_WINDOW = 1000, 20
 _F32 = np.float32
 
 
@@ -114,8 +116,8 @@ class AdaptiveWindowRule:
     init_scale: float
     scale_factor: float
     scale_window: int
-    max_scale_window: int = 1000
-    min_scale_window: int = 20
+    max_scale_window: int = MAX_SCALE_WINDOW
+    min_scale_window: int = MIN_SCALE_WINDOW
     levels: Tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self):

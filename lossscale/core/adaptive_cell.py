@@ -8,11 +8,12 @@ a MindFormers checkpoint's window state loads into it. Every step is branch-free
 pseudo-code reads.
 
 Example:
-    >>> from lossscale.core.update_cells import FixedLossScaleUpdateCell
     >>> cell = AdaptiveLossScaleUpdateCell(loss_scale_value=2**10, scale_factor=2, scale_window=20)
     >>> cell.get_loss_scale(), cell.state_dict()["scale_window"], cell.rule.levels
     (1024.0, 20, (20, 30, 40, 50, 100, 200, 500, 1000))
 """
+
+import dataclasses
 
 import numpy as np
 from mindspore import Parameter, Tensor, ops
@@ -21,7 +22,14 @@ from mindspore.common import dtype as mstype
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import FLOAT32_MAX, check_finite_in_range, check_int_in_range
-from lossscale.core.adaptive import HIDDEN, MOVES, AdaptiveState, AdaptiveWindowRule
+from lossscale.core.adaptive import (
+    HIDDEN,
+    MAX_SCALE_WINDOW,
+    MIN_SCALE_WINDOW,
+    MOVES,
+    AdaptiveState,
+    AdaptiveWindowRule,
+)
 from lossscale.core.policy import state_dict_values
 from lossscale.core.update_cells import _UpdateCellBase, check_overflow_argument
 
@@ -35,7 +43,6 @@ STATE_PARAMETERS = {
     "last_overflow_iter": "last_overflow_iterator_step",
 }
 STATE_KEYS = ("loss_scale", *STATE_PARAMETERS)
-_MINDFORMERS_NAMES = {"init_scale": "loss_scale_value"}
 
 
 def adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window):
@@ -70,14 +77,9 @@ def check_adaptive_state(rule, state, owner="state_dict"):
     return state
 
 
-def _counters(state):
-    """The six counters of an :class:`AdaptiveState`, in :data:`STATE_PARAMETERS` order."""
-    return state.window, state.level, state.ups, state.downs, state.step, state.last_step
-
-
 def adaptive_state_dict(state):
-    """An :class:`AdaptiveState` as a state dict (:data:`STATE_KEYS`)."""
-    return dict(zip(STATE_KEYS, (state.scale, *_counters(state))))
+    """An :class:`AdaptiveState` as a state dict (:data:`STATE_KEYS`, in the state's field order)."""
+    return dict(zip(STATE_KEYS, dataclasses.astuple(state)))
 
 
 def adaptive_state_from_dict(rule, state_dict, owner="state_dict"):
@@ -119,12 +121,19 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
         (4.0, 1)
     """
 
-    def __init__(self, loss_scale_value, scale_factor, scale_window, max_scale_window=1000, min_scale_window=20):
+    def __init__(
+        self,
+        loss_scale_value,
+        scale_factor,
+        scale_window,
+        max_scale_window=MAX_SCALE_WINDOW,
+        min_scale_window=MIN_SCALE_WINDOW,
+    ):
         rule = adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
         super().__init__(loss_scale_value)
         self._rule = rule
         start = rule.initial_state()
-        for key, value in zip(STATE_PARAMETERS, (start.window, start.level, 0, 0, 1, 0)):
+        for key, value in zip(STATE_PARAMETERS, dataclasses.astuple(start)[1:]):
             setattr(
                 self, f"_{key}", Parameter(Tensor(value, mstype.int32), name=STATE_PARAMETERS[key], requires_grad=False)
             )
@@ -160,13 +169,13 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
             getattr(self, f"_{key}").name = f"{prefix}.{name}"
 
     def get_state(self):
-        """The :class:`AdaptiveState` the device holds (one host sync)."""
+        """The :class:`AdaptiveState` the device holds (a host read of each of its seven Parameters)."""
         counters = [int(host_array(getattr(self, f"_{key}")).reshape(-1)[0]) for key in STATE_PARAMETERS]
         return AdaptiveState(self.get_loss_scale(), *counters)
 
     def state_dict(self):
         """``{'loss_scale', 'scale_window', 'list_index', 'window_up_count', 'window_down_count', 'cur_iter',
-        'last_overflow_iter'}`` as Python numbers (one host sync)."""
+        'last_overflow_iter'}`` as Python numbers (read as :meth:`get_state` reads them)."""
         return adaptive_state_dict(self.get_state())
 
     def load_state_dict(self, state):
@@ -176,7 +185,7 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
     def set_state(self, state):
         """Write an :class:`AdaptiveState` (checked against the rule first) into the Parameters."""
         state = check_adaptive_state(self._rule, state)
-        for key, value in zip(STATE_PARAMETERS, _counters(state)):
+        for key, value in zip(STATE_PARAMETERS, dataclasses.astuple(state)[1:]):
             write_parameter(getattr(self, f"_{key}"), value)
         self._set_loss_scale(state.scale)
 

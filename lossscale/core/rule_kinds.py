@@ -118,8 +118,6 @@ class AdaptiveCell(DynamicCell):
     """MindFormers' adaptive update cell: its rule (an AdaptiveWindowRule), scales in ``[1, float32 max]``, its
     window state in the state dict, and one owner."""
 
-    dynamic = True
-
     @property
     def policy(self):
         return self.cell.rule

@@ -148,7 +148,9 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
 def _window_bounds(spec):
     """``(min_scale_window, max_scale_window)`` of ``adaptive`` (MindFormers' 20 and 1000) or ``adaptive:MIN:MAX``."""
     if spec == "adaptive":
-        return 20, 1000
+        from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW
+
+        return MIN_SCALE_WINDOW, MAX_SCALE_WINDOW
     parts = spec.split(":")[1:]
     if len(parts) != 2 or not all(part.isdigit() and 0 < int(part) <= 2**31 - 1 for part in parts):
         raise CliError(f"--loss-scale adaptive:MIN:MAX needs two whole numbers of steps >= 1, but got {spec!r}")

@@ -13,7 +13,7 @@ Example:
     (2048.0, 1)
 """
 
-from lossscale.core.adaptive import update_adaptive
+from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, update_adaptive
 from lossscale.core.adaptive_cell import (
     AdaptiveLossScaleUpdateCell,
     adaptive_rule,
@@ -44,13 +44,22 @@ class AdaptiveLossScaleManager(DynamicLossScaleManager):
     """
 
     def __init__(
-        self, init_loss_scale=2**24, scale_factor=2, scale_window=20, max_scale_window=1000, min_scale_window=20
+        self,
+        init_loss_scale=2**24,
+        scale_factor=2,
+        scale_window=MIN_SCALE_WINDOW,
+        max_scale_window=MAX_SCALE_WINDOW,
+        min_scale_window=MIN_SCALE_WINDOW,
     ):
         super().__init__()
-        self.rule = adaptive_rule(init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window)
-        self.policy = self.rule
+        self.policy = adaptive_rule(init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window)
         self._scale_factor, self._scale_window = scale_factor, scale_window
-        self._state = self.rule.initial_state()
+        self._state = self.policy.initial_state()
+
+    @property
+    def rule(self):
+        """The :class:`lossscale.core.adaptive.AdaptiveWindowRule` (the manager's ``policy``)."""
+        return self.policy
 
     @classmethod
     def from_policy(cls, policy):

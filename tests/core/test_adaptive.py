@@ -2,6 +2,7 @@
 statement from its source (``mindformers/wrapper/adaptive_loss_scale.py``, mindformers 2.1.0), in float32."""
 
 import warnings
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -63,7 +64,7 @@ def mindformers_trajectory(loss_scale_value, scale_factor, scale_window, max_sca
 
 
 def as_tuples(states):
-    return [(s.scale, s.window, s.level, s.ups, s.downs, s.step, s.last_step) for s in states]
+    return [astuple(state) for state in states]
 
 
 def _clean(n):

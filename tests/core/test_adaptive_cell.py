@@ -1,22 +1,22 @@
 """AdaptiveLossScaleUpdateCell: the graph cell equals the pure rule (lossscale.core.adaptive) step for step, drives
 the train cell, and resumes exactly from a checkpoint or a state dict."""
 
+from dataclasses import astuple
+
 import mindspore as ms
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mindspore import Tensor, nn
+from train_cell_harness import same_weights, save_cell_checkpoint
 
 from conftest import UpdateCellDriver
 from lossscale import AdaptiveLossScaleUpdateCell, LossScaler, TrainOneStepWithLossScaleCell
 from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
+from lossscale.core.adaptive_cell import adaptive_state_dict
 
 BOUNDS = {"default": (1000, 20), "small": (30, 4)}
-
-
-def _state_tuple(state):
-    return (state.scale, state.window, state.level, state.ups, state.downs, state.step, state.last_step)
 
 
 def _cell_states(driver, flags):
@@ -24,7 +24,7 @@ def _cell_states(driver, flags):
     states = []
     for flag in flags:
         driver(Tensor(bool(flag)))
-        states.append(_state_tuple(driver.update_cell.get_state()))
+        states.append(astuple(driver.update_cell.get_state()))
     return states
 
 
@@ -42,27 +42,9 @@ def drivers():
 def test_graph_cell_equals_the_rule_on_random_schedules(drivers, flags, name):
     driver = drivers[name]
     rule = AdaptiveWindowRule(2.0**10, 2, BOUNDS[name][1], *BOUNDS[name])
-    driver.update_cell.load_state_dict(_initial_state_dict(rule))
-    expected = [_state_tuple(state) for state in run_adaptive(rule, flags)]
+    driver.update_cell.load_state_dict(adaptive_state_dict(rule.initial_state()))
+    expected = [astuple(state) for state in run_adaptive(rule, flags)]
     assert _cell_states(driver, flags) == expected
-
-
-def _initial_state_dict(rule):
-    state = rule.initial_state()
-    return dict(
-        zip(
-            (
-                "loss_scale",
-                "scale_window",
-                "list_index",
-                "window_up_count",
-                "window_down_count",
-                "cur_iter",
-                "last_overflow_iter",
-            ),
-            _state_tuple(state),
-        )
-    )
 
 
 def test_a_schedule_through_every_move_step_by_step():
@@ -71,7 +53,7 @@ def test_a_schedule_through_every_move_step_by_step():
     rule = AdaptiveWindowRule(2.0**10, 2, 20)
     driver = UpdateCellDriver(AdaptiveLossScaleUpdateCell(2.0**10, 2, 20))
     states = _cell_states(driver, flags)
-    assert states == [_state_tuple(state) for state in run_adaptive(rule, flags)]
+    assert states == [astuple(state) for state in run_adaptive(rule, flags)]
     windows = [state[1] for state in states]
     assert {20, 30, 40, 1} <= set(windows) and windows[-1] == 20 and states[-1][2] == 0
 
@@ -102,15 +84,14 @@ def test_it_drives_the_train_cell_and_a_checkpoint_resumes_step_for_step(tmp_pat
     first = _train_cell(AdaptiveLossScaleUpdateCell(2.0**10, 2, 4, 40, 4))
     for batch in BATCHES[:8]:
         first(*batch)
-    ms.save_checkpoint(first, str(tmp_path / "run.ckpt"))
+    checkpoint = save_cell_checkpoint(first, tmp_path / "run.ckpt")
     resumed = _train_cell(AdaptiveLossScaleUpdateCell(2.0**10, 2, 4, 40, 4))
-    not_loaded, _ = ms.load_param_into_net(resumed, ms.load_checkpoint(str(tmp_path / "run.ckpt")))
+    not_loaded, _ = ms.load_param_into_net(resumed, checkpoint)
     assert not_loaded == []
     tail = [resumed(*batch) for batch in BATCHES[8:]]
     assert [float(o[2]) for o in tail] == [float(o[2]) for o in outputs[8:]]
     assert resumed.loss_scaling_manager.state_dict() == whole.loss_scaling_manager.state_dict()
-    for ours, theirs in zip(resumed.weights, whole.weights):
-        np.testing.assert_array_equal(ours.asnumpy(), theirs.asnumpy())
+    same_weights(resumed, whole)
 
 
 def test_state_dict_round_trip_and_nothing_changes_on_a_bad_state():
