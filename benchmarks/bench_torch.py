@@ -3,8 +3,8 @@
     python benchmarks/bench_torch.py            # needs torch (CPU); prints a table and a RESULT line
 
 The same MLP as the other benchmarks (784-1024-1024-10, batch 128, SGD with momentum), float32 on the CPU
-(PyTorch's CPU autocast is bfloat16, which needs no scaling). Variants, timed in rotating rounds as
-``common.rotating_rounds`` does, each step waiting for its loss:
+(PyTorch's CPU autocast is bfloat16, which needs no scaling). Variants, timed in rotating rounds by
+``common.rotating_rounds``, each step waiting for its loss:
 
 - ``torch_plain``: ``loss.backward(); optimizer.step()``;
 - ``torch_gradscaler``: ``scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()`` with
@@ -16,9 +16,9 @@ table). Steps of the two frameworks are not compared with each other: the kernel
 
 import argparse
 import json
-import time
 
 import numpy as np
+from common import rotating_rounds, summarise
 
 
 def _step(torch, scaled):
@@ -50,24 +50,6 @@ def _step(torch, scaled):
     return step
 
 
-def _rounds(variants, inputs, rounds, steps, warmup):
-    """``{name: [[seconds per step] per round]}``, the order rotating each round."""
-    names = list(variants)
-    for name in names:
-        for _ in range(warmup):
-            variants[name](*inputs)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            per_step = []
-            for _ in range(steps):
-                start = time.perf_counter()
-                variants[name](*inputs)
-                per_step.append(time.perf_counter() - start)
-            times[name].append(per_step)
-    return times
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -80,11 +62,10 @@ def main():
     rng = np.random.RandomState(0)
     inputs = (torch.tensor(rng.rand(128, 784).astype(np.float32)), torch.tensor(rng.randint(0, 10, 128)))
     variants = {"torch_plain": _step(torch, False), "torch_gradscaler": _step(torch, True)}
-    times = _rounds(variants, inputs, args.rounds, args.steps, args.warmup)
-    medians = {name: float(np.median(np.concatenate(t)) * 1e3) for name, t in times.items()}
-    paired = float(
-        np.median([np.median(s) / np.median(p) for s, p in zip(times["torch_gradscaler"], times["torch_plain"])])
-    )
+    times = rotating_rounds(variants, inputs, args.rounds, args.steps, args.warmup)
+    summary, ratios = summarise(times, [("torch_gradscaler", "torch_plain")])
+    medians = {name: variant["median_ms"] for name, variant in summary.items()}
+    paired = ratios["torch_gradscaler/torch_plain"]
     print(
         f"torch {torch.__version__}: plain {medians['torch_plain']:.2f} ms, GradScaler "
         f"{medians['torch_gradscaler']:.2f} ms, paired ratio {paired:.3f}"
