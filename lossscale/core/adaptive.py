@@ -100,6 +100,12 @@ class AdaptiveState:
     step: int = 1
     last_step: int = 0
 
+    @property
+    def good_steps(self):
+        """Steps since the last growth or overflow (PyTorch's ``_growth_tracker``): the rule grows at the
+        ``window``-th. Only the difference of the two step numbers matters to the rule."""
+        return min(self.step - self.last_step - 1, self.window - 1)
+
 
 @dataclass(frozen=True)
 class AdaptiveWindowRule:
@@ -125,6 +131,25 @@ class AdaptiveWindowRule:
         check_finite_in_range("scale_factor", self.scale_factor, low=1.0, low_inclusive=False)
         _check_window_bounds(self.max_scale_window, self.min_scale_window)
         object.__setattr__(self, "levels", window_levels(self.max_scale_window, self.min_scale_window))
+
+    # What the readers of a fixed-window rule ask for (a GradScaler's getters, the bounds of a scale it sets).
+    hysteresis = 1
+    floor, ceiling = 1.0, FLOAT32_MAX
+
+    @property
+    def growth_factor(self):
+        """``scale_factor``: the growth multiplier."""
+        return float(self.scale_factor)
+
+    @property
+    def backoff_factor(self):
+        """``1 / scale_factor`` in float32, as the rule backs off."""
+        return float(_F32(1.0) / _F32(self.scale_factor))
+
+    @property
+    def growth_interval(self):
+        """The starting window (the lowest level if ``scale_window`` is not one)."""
+        return self.scale_window if self.scale_window in self.levels else self.levels[0]
 
     def start_level(self):
         """The level training starts at: ``scale_window``'s, or the lowest (with a warning) if it is not one."""

@@ -20,7 +20,7 @@ from mindspore import Parameter, Tensor, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core._naming import check_name
-from lossscale.core._parameters import host_array, write_parameter
+from lossscale.core._parameters import host_array, outside_graph, read_scalar, write_parameter
 from lossscale.core._validation import FLOAT32_MAX, check_finite_in_range, check_int_in_range
 from lossscale.core.adaptive import (
     HIDDEN,
@@ -172,6 +172,40 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
         """The :class:`AdaptiveState` the device holds (a host read of each of its seven Parameters)."""
         counters = [int(host_array(getattr(self, f"_{key}")).reshape(-1)[0]) for key in STATE_PARAMETERS]
         return AdaptiveState(self.get_loss_scale(), *counters)
+
+    def rule_value(self, field):
+        """The rule seen as a fixed-window one (a GradScaler's getters): ``growth_factor`` (``scale_factor``),
+        ``backoff_factor`` (its reciprocal), ``hysteresis`` (1), and ``growth_interval``, the current window:
+        eagerly an int (one host sync), inside a compiled function a graph read.
+
+        Example:
+            >>> cell = AdaptiveLossScaleUpdateCell(8.0, 2, 30)
+            >>> cell.rule_value("growth_interval"), cell.rule_value("backoff_factor")
+            (30, 0.5)
+        """
+        if field == "growth_interval":
+            return read_scalar(self._scale_window)
+        return getattr(self._rule, field)
+
+    def read_good_steps(self):
+        """Steps since the last growth or overflow (:attr:`AdaptiveState.good_steps`): eagerly an int (host reads),
+        inside a compiled function an int32 scalar Tensor read when the graph runs."""
+        if outside_graph(self._cur_iter):
+            return self.get_state().good_steps
+        since = self._cur_iter - self._last_overflow_iter - self._one
+        return ops.minimum(since, self._scale_window - self._one).reshape(())
+
+    def check_loaded_state(self):
+        """``ValueError`` (naming the Parameter) unless the window state the device holds fits the rule: a
+        checkpoint of a cell with other window bounds, say. Host reads."""
+        names = {key: getattr(self, f"_{key}").name for key in STATE_PARAMETERS}
+        try:
+            check_adaptive_state(self._rule, self.get_state())
+        except ValueError as error:
+            message = str(error)
+            for key, name in names.items():
+                message = message.replace(f"state_dict[{key!r}]", name)
+            raise ValueError(message) from None
 
     def state_dict(self):
         """``{'loss_scale', 'scale_window', 'list_index', 'window_up_count', 'window_down_count', 'cur_iter',

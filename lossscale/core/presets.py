@@ -1,10 +1,12 @@
-"""Policy presets: other libraries' dynamic loss-scaling rules as :class:`LossScalePolicy` values.
+"""Policy presets: other libraries' dynamic loss-scaling rules as :class:`LossScalePolicy` values, and MindFormers'
+adaptive window as an :class:`lossscale.core.adaptive.AdaptiveWindowRule` (``"mindformers"``).
 
 One preset per original, with its defaults, and the documented differences. Use a
 preset anywhere a policy is accepted:
 
 - graph cells: ``DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch"))``,
-  ``DynamicLossScaleManager.from_policy(get_preset("megatron"))``;
+  ``DynamicLossScaleManager.from_policy(get_preset("megatron"))``,
+  ``AdaptiveLossScaleManager.from_policy(get_preset("mindformers"))``;
 - front-ends: ``GradScaler.from_preset("paddle")``,
   ``LossScaleOptimizer(opt, policy=get_preset("keras"))``;
 - the CLI: ``python -m lossscale train --loss-scale preset:jmp``.
@@ -22,8 +24,9 @@ Example:
     2
 """
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
+from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, AdaptiveWindowRule
 from lossscale.core.policy import LossScalePolicy
 
 _PRESETS = {
@@ -72,6 +75,17 @@ _PRESETS = {
         min_scale=1.0,
     ),
 }
+# Adaptive-window rules (AdaptiveWindowRule): MindFormers' AdaptiveLossScaleUpdateCell as its documentation
+# configures it (runner_wrapper.scale_sense: 2**32, factor 2, starting at the lowest window, 20 to 1000).
+_ADAPTIVE_PRESETS = {
+    "mindformers": dict(
+        init_scale=2.0**32,
+        scale_factor=2,
+        scale_window=MIN_SCALE_WINDOW,
+        max_scale_window=MAX_SCALE_WINDOW,
+        min_scale_window=MIN_SCALE_WINDOW,
+    ),
+}
 
 #: What each preset does differently from its original, on purpose.
 _NO_SUBNORMALS = (
@@ -92,17 +106,21 @@ DIFFERENCES = {
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
     "scale; 2**15 is the value of its documentation.",
     "megatron": "Megatron-LM multiplies without a finiteness check; the preset never grows to inf.",
+    "mindformers": "MindFormers multiplies without a finiteness check (and then backs off inf to inf); the preset "
+    "never grows to inf. Its cell has no default initial scale: 2**32 is its documentation's.",
 }
 
-PRESET_NAMES = tuple(_PRESETS)
+PRESET_NAMES = tuple(_PRESETS) + tuple(_ADAPTIVE_PRESETS)
+ADAPTIVE_PRESET_NAMES = tuple(_ADAPTIVE_PRESETS)
 
 
 def get_preset(name, **overrides):
-    """The :class:`LossScalePolicy` of preset ``name`` with optional field overrides.
+    """The :class:`LossScalePolicy` of preset ``name`` with optional field overrides (an
+    :class:`lossscale.core.adaptive.AdaptiveWindowRule` for the names in :data:`ADAPTIVE_PRESET_NAMES`).
 
     Args:
         name: one of :data:`PRESET_NAMES`.
-        **overrides: :class:`LossScalePolicy` fields to change (e.g. ``init_scale``).
+        **overrides: the rule's fields to change (e.g. ``init_scale``).
 
     Raises:
         ValueError: unknown preset; TypeError/ValueError: a bad override.
@@ -113,14 +131,17 @@ def get_preset(name, **overrides):
     """
     if not isinstance(name, str):
         raise TypeError(f"'preset' must be a str, one of {PRESET_NAMES}, but got {type(name).__name__} {name!r}.")
-    if name not in _PRESETS:
+    if name not in PRESET_NAMES:
         raise ValueError(f"'preset' must be one of {PRESET_NAMES}, but got {name!r}.")
-    policy = LossScalePolicy(**_PRESETS[name])
-    unknown = set(overrides) - set(policy.__dataclass_fields__)
+    if name in _PRESETS:
+        kind, values = LossScalePolicy, _PRESETS[name]
+    else:
+        kind, values = AdaptiveWindowRule, _ADAPTIVE_PRESETS[name]
+    allowed = sorted(field.name for field in fields(kind) if field.init)
+    unknown = set(overrides) - set(allowed)
     if unknown:
-        raise TypeError(
-            f"unknown LossScalePolicy field(s) {sorted(unknown)}; allowed: {sorted(policy.__dataclass_fields__)}."
-        )
-    if "growth_factor" in overrides and "backoff_factor" not in overrides and "backoff_factor" not in _PRESETS[name]:
+        raise TypeError(f"unknown {kind.__name__} field(s) {sorted(unknown)}; allowed: {allowed}.")
+    policy = kind(**values)
+    if "growth_factor" in overrides and "backoff_factor" not in overrides and "backoff_factor" not in values:
         overrides["backoff_factor"] = None  # keep backoff = 1/growth for rules defined that way
     return replace(policy, **overrides) if overrides else policy

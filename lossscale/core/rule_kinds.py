@@ -18,6 +18,8 @@ Example:
     ('FixedScale', False, None)
 """
 
+import dataclasses
+
 from mindspore import nn
 
 from lossscale.core._parameters import write_parameter
@@ -54,6 +56,10 @@ class FixedScale:
 
     def check_owner(self, core):
         """RuntimeError if another core adopted this rule's update cell (only a dynamic one holds counters)."""
+
+    def set_rule(self, policy, state, dynamic):
+        """Change the rule, the state and/or fixed vs dynamic: only a mutable rule can."""
+        raise RuntimeError("set_rule() needs a LossScaler built with mutable_rule=True.")
 
 
 class FixedCell(FixedScale):
@@ -103,6 +109,14 @@ class DynamicCell(FixedScale):
     def load_state_dict(self, core, state):
         self.cell.load_state_dict(state)
 
+    def set_rule(self, policy, state, dynamic):
+        if not self.cell.mutable_rule:
+            super().set_rule(policy, state, dynamic)
+        if policy is not None or state is not None:
+            self.cell.set_policy(policy or self.cell.policy, state)
+        if dynamic is not None:
+            self.cell.set_dynamic(dynamic)
+
     def check_owner(self, core):
         owner = self.cell.scale_parameter
         if owner is not None and owner is not core.scale_value:
@@ -124,6 +138,20 @@ class AdaptiveCell(DynamicCell):
 
     def bounds(self):
         return 1.0, FLOAT32_MAX
+
+    def set_rule(self, policy, state, dynamic):
+        """A new state (an AdaptiveState); the rule may change its initial scale only, and is always dynamic: its
+        levels and factor are constants of the update graph."""
+        rule = self.cell.rule
+        if dynamic is False:
+            raise ValueError("MindFormers' adaptive window rule is always dynamic: it cannot hold a fixed scale.")
+        if policy is not None and dataclasses.replace(policy, init_scale=rule.init_scale) != rule:
+            raise ValueError(
+                f"this adaptive window rule's factor and window levels are fixed when it is built ({rule}), but got "
+                f"{policy}: build another with that rule."
+            )
+        if state is not None:
+            self.cell.set_state(state)
 
 
 class MindSporeDynamicCell(FixedScale):

@@ -103,14 +103,9 @@ class ScalerHostState:
         return scale
 
     def set_rule(self, policy=None, state=None, dynamic=None):
-        """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic."""
-        cell = self.update_cell
-        if not getattr(cell, "mutable_rule", False):
-            raise RuntimeError("set_rule() needs a LossScaler built with mutable_rule=True.")
-        if policy is not None or state is not None:
-            cell.set_policy(policy or cell.policy, state)
-        if dynamic is not None:
-            cell.set_dynamic(dynamic)
+        """Change a mutable rule (see ``mutable_rule``): the policy, the state and/or fixed vs dynamic. An adaptive
+        window rule takes a new state (and initial scale) only."""
+        self._kind.set_rule(policy, state, dynamic)
 
     def state_dict(self):
         """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` as Python numbers (counters only for a

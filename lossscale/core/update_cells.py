@@ -16,7 +16,7 @@ from mindspore.ops import constexpr
 
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, read_scalar, write_parameter
-from lossscale.core._validation import check_bool, check_real, positive_float32, read_only
+from lossscale.core._validation import check_bool, check_int_in_range, check_real, positive_float32, read_only
 from lossscale.core.policy import (
     FLOAT32_TINY,
     LossScalePolicy,
@@ -443,6 +443,18 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
             good_steps=int(self.good_steps.asnumpy()),
             hysteresis_left=int(self.hysteresis_left.asnumpy()),
         )
+
+    def read_good_steps(self):
+        """The clean steps counted toward the next growth: eagerly an int (one host sync), inside a compiled
+        function an int32 scalar Tensor read when the graph runs."""
+        return read_scalar(self.good_steps)
+
+    def check_loaded_state(self):
+        """``ValueError`` (naming the Parameter) unless the counters the device holds fit the rule: a checkpoint
+        of a cell with another window or hysteresis, say. Host reads."""
+        state = self.get_state()
+        check_int_in_range(self.good_steps.name, state.good_steps, low=0, high=self._policy.growth_interval - 1)
+        check_int_in_range(self.hysteresis_left.name, state.hysteresis_left, low=1, high=self._policy.hysteresis)
 
     def set_state(self, state):
         """Write a :class:`lossscale.core.policy.LossScaleState` into the Parameters (host to device)."""

@@ -1,5 +1,5 @@
-"""``compare``: fp32, fp16 without scaling, fp16 with a fixed scale and fp16 with dynamic scaling on the same seed
-and data; the table, the verdict and the plot.
+"""``compare``: fp32, fp16 without scaling, fp16 with a fixed scale, fp16 with dynamic scaling and fp16 with
+MindFormers' adaptive window on the same seed and data; the table, the verdict and the plot.
 """
 
 import os
@@ -7,6 +7,7 @@ import os
 import numpy as np
 from mindspore import nn
 
+from lossscale.core.adaptive import MIN_SCALE_WINDOW
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
 from lossscale.demo.options import EXIT_OK, default_output, prepare_output
@@ -39,19 +40,21 @@ def gradient_loss_at_end(result, batches=4):
 
 
 def compare_plan(args):
-    """``[(label, precision, loss_scale)]``: the four runs of ``compare``."""
+    """``[(label, precision, loss_scale, scale_window)]``: the five runs of ``compare``. The adaptive window starts
+    at its lowest level, as MindFormers' documentation configures it: its point is a fast early growth."""
     return [
-        ("fp32", "fp32", "none"),
-        ("fp16 no scaling", args.precision, "none"),
-        (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}"),
-        ("fp16 dynamic", args.precision, "dynamic"),
+        ("fp32", "fp32", "none", args.scale_window),
+        ("fp16 no scaling", args.precision, "none", args.scale_window),
+        (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}", args.scale_window),
+        ("fp16 dynamic", args.precision, "dynamic", args.scale_window),
+        ("fp16 adaptive", args.precision, "adaptive", MIN_SCALE_WINDOW),
     ]
 
 
 def compare_runs(args):
-    """Run the four configurations of ``compare``; return ``[(label, result)]``."""
+    """Run the five configurations of ``compare``; return ``[(label, result)]``."""
     runs = []
-    for label, precision, loss_scale in compare_plan(args):
+    for label, precision, loss_scale, scale_window in compare_plan(args):
         print(f"== {label} ({precision}, loss scale {loss_scale})")
         result = run_training(
             args.model,
@@ -61,7 +64,7 @@ def compare_runs(args):
             args.batch_size,
             args.lr,
             args.seed,
-            args.scale_window,
+            scale_window,
             args.loss_weight,
             progress=not args.no_progress,
         )

@@ -111,7 +111,8 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
     ``scale_window`` clean steps per growth; ``adaptive`` is MindFormers' adaptive window
     (:class:`lossscale.AdaptiveLossScaleManager`) starting at ``scale_window``, its levels between MIN and MAX
     (default 20 and 1000); ``preset:NAME`` is a rule of
-    :mod:`lossscale.core.presets` (e.g. ``preset:pytorch``), also with ``scale_window``.
+    :mod:`lossscale.core.presets` (e.g. ``preset:pytorch``), also with ``scale_window`` (the starting window of
+    ``preset:mindformers``, MindFormers' adaptive window).
 
     Example:
         >>> label, factory = parse_loss_scale("fixed:1024")
@@ -164,7 +165,7 @@ def _manager(kind, value, drop=True):
     """A factory of the loss-scale manager for a parsed ``--loss-scale``."""
 
     def build():
-        from lossscale.core.presets import get_preset
+        from lossscale.core.presets import ADAPTIVE_PRESET_NAMES, get_preset
         from lossscale.training.managers import DynamicLossScaleManager, FixedLossScaleManager
 
         if kind == "fixed":
@@ -177,6 +178,10 @@ def _manager(kind, value, drop=True):
             window, low, high = value
             return AdaptiveLossScaleManager(scale_window=window, min_scale_window=low, max_scale_window=high)
         name, window = value
+        if name in ADAPTIVE_PRESET_NAMES:
+            from lossscale.training.adaptive_manager import AdaptiveLossScaleManager
+
+            return AdaptiveLossScaleManager.from_policy(get_preset(name, scale_window=window))
         return DynamicLossScaleManager.from_policy(get_preset(name, growth_interval=window))
 
     return build
@@ -347,13 +352,13 @@ def _add_train_command(commands):
 
 
 def _add_compare_command(commands):
-    """``lossscale compare``: fp32 and fp16 without, with fixed and with dynamic scaling."""
+    """``lossscale compare``: fp32 and fp16 without, with fixed, with dynamic and with adaptive-window scaling."""
     compare = commands.add_parser(
         "compare",
-        help="fp32 vs fp16 without, with fixed and with dynamic scaling",
+        help="fp32 vs fp16 without, with fixed, with dynamic and with adaptive-window scaling",
         formatter_class=_Formatter,
-        description="Train fp32, fp16 without scaling, fp16 with a fixed scale and fp16 "
-        "with dynamic scaling on the same seed and data.",
+        description="Train fp32, fp16 without scaling, fp16 with a fixed scale, fp16 with dynamic scaling and "
+        "fp16 with MindFormers' adaptive window on the same seed and data.",
     )
     _add_model_and_data(compare, COMPARE_DEFAULTS)
     compare.add_argument(

@@ -17,6 +17,7 @@ import mindspore as ms
 import numpy as np
 
 from lossscale.core._text import format_scale
+from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, window_levels
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import magnitude_report
 from lossscale.demo.inspection import measure_gradients
@@ -96,7 +97,8 @@ def comparison_verdict(runs, tolerance=0.5):
         >>> comparison_verdict(runs)
         'fp16 dynamic reaches 96.10% test accuracy, 0.56 percentage points below fp32 (96.66%): more than 0.5 below'
     """
-    fp32, dynamic = 100 * runs[0][1]["test_accuracy"], 100 * runs[-1][1]["test_accuracy"]
+    results = dict(runs)
+    fp32, dynamic = 100 * results["fp32"]["test_accuracy"], 100 * results["fp16 dynamic"]["test_accuracy"]
     gap = dynamic - fp32
     if abs(gap) < 0.005:
         relation = "the same as"
@@ -112,6 +114,7 @@ def render_page(args, runs, measurements, page, machine, date):
         _introduction(args, page, machine, date),
         _gradient_section(args, measurements),
         _comparison_section(runs),
+        _window_section(runs),
     )
     return "\n".join(line for section in sections for line in section)
 
@@ -139,8 +142,10 @@ def _introduction(args, page, machine, date):
         "",
         f"Model {args.model}, {args.precision} for the fp16 runs, {args.epochs} epochs of batch {args.batch_size}, "
         f"Adam {args.lr:g}, seed {args.seed}; dynamic scaling is `DynamicLossScaleManager(scale_window="
-        f"{args.scale_window})` (MindSpore's initial 2**24). The test set has {TEST_IMAGES} held-out digits, so one "
-        f"image is {100 / TEST_IMAGES:.2f} percentage points.",
+        f"{args.scale_window})` (MindSpore's initial 2**24), adaptive scaling MindFormers' adaptive window "
+        f"(`AdaptiveLossScaleManager()`: the same initial scale, windows from {MIN_SCALE_WINDOW} to "
+        f"{MAX_SCALE_WINDOW} steps, starting at {MIN_SCALE_WINDOW}). The test set has {TEST_IMAGES} held-out "
+        f"digits, so one image is {100 / TEST_IMAGES:.2f} percentage points.",
         "",
     ]
 
@@ -162,7 +167,8 @@ def _gradient_section(args, measurements):
 
 def _comparison_section(runs):
     """The comparison table, the verdict and the training figure."""
-    fp32, unscaled, dynamic = runs[0][1], runs[1][1], runs[-1][1]
+    results = dict(runs)
+    fp32, unscaled, dynamic = results["fp32"], results["fp16 no scaling"], results["fp16 dynamic"]
     dynamic_summary = dynamic["summary"]
     return [
         "## The comparison",
@@ -187,6 +193,56 @@ def _comparison_section(runs):
         f"Differences of a few tenths of a point are within the noise of a {TEST_IMAGES}-image test set; the",
         "gradient-lost column is the robust measurement. Step times are not on this page: on CPU, fp16",
         "kernels are not faster than fp32 (see performance.md).",
+        "",
+    ]
+
+
+def scale_changes(records):
+    """``(growths, back-offs)``: how often the scale rose and fell between consecutive steps of ``records``.
+
+    Example:
+        >>> scale_changes([{"loss_scale": s} for s in (8.0, 16.0, 8.0, 8.0, 4.0)])
+        (1, 2)
+    """
+    scales = [record["loss_scale"] for record in records]
+    steps = list(zip(scales, scales[1:]))
+    return sum(new > old for old, new in steps), sum(new < old for old, new in steps)
+
+
+def _trajectory_rows(runs, samples=8):
+    """The scale of each run at ``samples`` evenly spaced steps (the first and the last included)."""
+    steps = len(runs[0][1]["records"])
+    picked = sorted({round(i * (steps - 1) / (samples - 1)) for i in range(samples)})
+    rows = ["| step | " + " | ".join(label for label, _ in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for index in picked:
+        scales = " | ".join(format_scale(result["records"][index]["loss_scale"]) for _, result in runs)
+        rows.append(f"| {index + 1} | {scales} |")
+    return rows
+
+
+def _window_section(runs):
+    """The fixed-window and the adaptive dynamic scale side by side: changes, skipped steps, trajectory."""
+    results = dict(runs)
+    pair = [(label, results[label]) for label in ("fp16 dynamic", "fp16 adaptive")]
+    lines = ["## A fixed window against the adaptive window", ""]
+    for label, result in pair:
+        growths, backoffs = scale_changes(result["records"])
+        summary = result["summary"]
+        lines.append(
+            f"- {label}: growths {growths}, back-offs {backoffs}, skipped steps {summary['skipped_steps']} of "
+            f"{summary['steps']}, the scale between {format_scale(summary['min_loss_scale'])} and "
+            f"{format_scale(summary['max_loss_scale'])}, ending at {format_scale(summary['final_loss_scale'])}."
+        )
+    return [
+        *lines,
+        "",
+        "The scale used at each step, on the same seed and data:",
+        "",
+        *_trajectory_rows(pair),
+        "",
+        f"The adaptive window grows every {MIN_SCALE_WINDOW} clean steps at first and, after three growths, moves up "
+        f"a level (its windows: {', '.join(map(str, window_levels(MAX_SCALE_WINDOW, MIN_SCALE_WINDOW)))} steps); "
+        "three back-offs without a growth drop it to a window of 1 step.",
         "",
     ]
 

@@ -56,6 +56,7 @@ learning-rate schedule indexed by the optimizer's step (a MindSpore ``nn`` optim
 advance; a scheduler stepped from Python every iteration advances anyway, as in PyTorch.
 """
 
+import dataclasses
 import inspect
 
 import mindspore as ms
@@ -66,10 +67,10 @@ from lossscale.core import overflow as _overflow
 from lossscale.core._naming import claim_name
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_bool
-from lossscale.core.policy import LossScaleState
 from lossscale.core.presets import get_preset
 from lossscale.core.scaler import LossScaler, refuse_bfloat16_on_cpu, refuse_non_gradients
 from lossscale.frontends._eager_calls import CompiledCalls
+from lossscale.frontends.adaptive_rules import is_adaptive
 from lossscale.frontends.iteration import (
     IterationGraph,
     checked_new_scale,
@@ -120,8 +121,9 @@ class GradScaler(ScalerPersistence):
             where Paddle's ``step()`` ends it for every optimizer). Default True.
 
     Keyword Args:
-        policy (LossScalePolicy or str): use this rule (or preset) instead; then leave the
-            rule arguments at their defaults.
+        policy (LossScalePolicy, AdaptiveWindowRule or str): use this rule (or preset) instead; then
+            leave the rule arguments at their defaults. MindFormers' adaptive window rule
+            (``from_preset("mindformers")``) is always dynamic; its setters change the initial scale only.
         overflow_check (str or check Cell): the backend check; default the device target's.
         name (str): prefix of this scaler's Parameter names; default a unique one.
 
@@ -165,6 +167,11 @@ class GradScaler(ScalerPersistence):
             self._policy = as_policy(arguments["policy"])
         else:
             self._policy = framework_rule(rule, spelling, get_preset(spelling.preset))
+        if not dynamic and is_adaptive(self._policy):
+            raise ValueError(
+                "'use_dynamic_loss_scaling' must be True with MindFormers' adaptive window rule (always dynamic), "
+                "but got False."
+            )
         self._config = arguments
         # What update(new_scale) accepts: the rule's bounds, which no setter or loaded state changes.
         self._scale_bounds = (self._policy.floor, self._policy.ceiling)
@@ -176,7 +183,8 @@ class GradScaler(ScalerPersistence):
             self._core = LossScaler(
                 self._policy, name=prefix, overflow_check=arguments["overflow_check"], mutable_rule=True
             )
-            self._core.set_rule(dynamic=dynamic)
+            if not dynamic:
+                self._core.set_rule(dynamic=False)
             self._states = OptimizerStates(prefix)
             self._iteration = IterationGraph(self._core, self._states)
 
@@ -374,10 +382,7 @@ class GradScaler(ScalerPersistence):
         if self._enabled:
             state = None
             if "init_scale" in fields:  # as Paddle: the new initial scale is the current scale, counts kept
-                current = self.get_state()
-                state = LossScaleState(
-                    scale=policy.init_scale, good_steps=current.good_steps, hysteresis_left=current.hysteresis_left
-                )
+                state = dataclasses.replace(self.get_state(), scale=policy.init_scale)
             self._core.set_rule(policy, state)
         self._policy = policy
 

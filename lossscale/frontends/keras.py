@@ -41,8 +41,8 @@ from mindspore.ops import constexpr
 
 from lossscale.core._naming import claim_name
 from lossscale.core._optimizers import is_parameter_optimizer
-from lossscale.core._parameters import outside_graph, read_scalar
-from lossscale.core._validation import TypeValueError, check_int_in_range
+from lossscale.core._parameters import outside_graph
+from lossscale.core._validation import TypeValueError
 from lossscale.core._warnings import warn_at_caller
 from lossscale.core.parallel import gradient_reducer
 from lossscale.core.policy import build_policy
@@ -314,14 +314,12 @@ class _ApplyGradients(nn.Cell):
         cell = self.core.update_cell
         if cell is None or not self.core.dynamic:
             return
-        state, policy = cell.get_state(), cell.policy
         try:
-            check_int_in_range(cell.good_steps.name, state.good_steps, low=0, high=policy.growth_interval - 1)
-            check_int_in_range(cell.hysteresis_left.name, state.hysteresis_left, low=1, high=policy.hysteresis)
+            cell.check_loaded_state()
         except ValueError as error:
             raise ValueError(
                 f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="
-                f"{policy.growth_interval} here): load a checkpoint of the same configuration."
+                f"{self.core.policy.growth_interval} here): load a checkpoint of the same configuration."
             ) from None
 
     @ms.jit  # from Python in PyNative mode too: one graph, not each kernel in turn (an MLP iteration 62 -> 47 ms)
@@ -366,7 +364,7 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
         dynamic_growth_steps (int): consecutive finite steps per doubling; default 2000.
 
     Keyword Args:
-        policy (LossScalePolicy or str): another rule (see :mod:`lossscale.core.presets`).
+        policy (LossScalePolicy, AdaptiveWindowRule or str): another rule (see :mod:`lossscale.core.presets`).
         overflow_check (str or check Cell): the backend check; default the device target's.
         name (str): prefix of this wrapper's Parameter names; default ``loss_scale_optimizer.`` and the name
             of the inner optimizer's first parameter (``_1``, ``_2``, ... appended while another wrapper
@@ -580,7 +578,8 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
 
     @property
     def policy(self):
-        """The dynamic rule (:class:`lossscale.core.policy.LossScalePolicy`), or None for a fixed scale."""
+        """The dynamic rule (a :class:`lossscale.core.policy.LossScalePolicy`, or MindFormers' adaptive
+        :class:`lossscale.core.adaptive.AdaptiveWindowRule`), or None for a fixed scale."""
         return self._core.policy if self._dynamic else None
 
     @property
@@ -592,7 +591,7 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
     def dynamic_counter(self):
         """Consecutive finite steps since the scale last changed (None if not dynamic): eagerly an int (one sync),
         inside a compiled function a graph read (an int32 Tensor)."""
-        return read_scalar(self._core.update_cell.good_steps) if self._dynamic else None
+        return self._core.update_cell.read_good_steps() if self._dynamic else None
 
     def check_state(self):
         """Raise ``ValueError`` if the scale state does not fit this wrapper's rule: a checkpoint loaded with
@@ -603,8 +602,21 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
 
     @property
     def dynamic_growth_steps(self):
-        """Finite steps per doubling (None if not dynamic)."""
-        return self._core.policy.growth_interval if self._dynamic else None
+        """Finite steps per growth (None if not dynamic); with MindFormers' adaptive rule, the current window (one
+        host sync)."""
+        return self._core.update_cell.rule_value("growth_interval") if self._dynamic else None
+
+    def state_dict(self):
+        """The scale and the rule's counters as Python numbers (one host sync): ``{'loss_scale', 'good_steps',
+        'hysteresis_left'}`` for a dynamic rule, MindFormers' window state for its adaptive rule
+        (:meth:`lossscale.AdaptiveLossScaleUpdateCell.state_dict`), ``{'loss_scale'}`` when fixed. Not tf.keras' API
+        (its state lives in variables, as here in the wrapper's Parameters, which checkpoints save)."""
+        return self._core.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict` output (validated against this wrapper's rule; nothing changes on error). A
+        fixed wrapper's state must hold its scale."""
+        self._core.load_state_dict(state_dict)
 
     @property
     def initial_scale(self):

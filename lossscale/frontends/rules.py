@@ -20,6 +20,14 @@ from mindspore import Tensor
 from lossscale.core._validation import AssertionValueError, check_bool, check_int_in_range
 from lossscale.core.policy import LossScalePolicy, LossScaleState, build_policy, check_state
 from lossscale.core.presets import PRESET_NAMES, get_preset
+from lossscale.frontends.adaptive_rules import (
+    ADAPTIVE_KEYS,
+    changed_adaptive_rule,
+    fixed_window_view,
+    is_adaptive,
+    parse_adaptive_state,
+    window_state_dict,
+)
 from lossscale.frontends.spelling import PADDLE, TORCH
 
 HYSTERESIS_FLAGS = ("consecutive_hysteresis", "refill_hysteresis_on_backoff")
@@ -43,6 +51,8 @@ def framework_rule(fields, spelling, base, names=None):
     for field, value in fields.items():
         if value is None:
             raise TypeError(f"'{names[field]}' must be a number, but got None.")
+    if is_adaptive(base):
+        return changed_adaptive_rule(fields, names, base)
     try:
         return build_policy(names, **dict(vars(base), **fields))
     except ValueError as error:
@@ -50,12 +60,13 @@ def framework_rule(fields, spelling, base, names=None):
 
 
 def as_policy(policy):
-    """A LossScalePolicy from ``policy`` (a policy or a preset name)."""
+    """A LossScalePolicy or AdaptiveWindowRule from ``policy`` (one of them or a preset name)."""
     if isinstance(policy, str):
         return get_preset(policy)
-    if not isinstance(policy, LossScalePolicy):
+    if not isinstance(policy, LossScalePolicy) and not is_adaptive(policy):
         raise TypeError(
-            f"'policy' must be a LossScalePolicy or a preset name in {PRESET_NAMES}, but got {type(policy).__name__}."
+            f"'policy' must be a LossScalePolicy, an AdaptiveWindowRule or a preset name in {PRESET_NAMES}, but got "
+            f"{type(policy).__name__}."
         )
     return policy
 
@@ -63,7 +74,11 @@ def as_policy(policy):
 def state_dict_of(spelling, state, policy, dynamic):
     """``state`` (a LossScaleState of ``policy``) as ``spelling``'s ``state_dict()``: Paddle's ``scale`` is a float32
     array of shape (1,) beside ``incr_count``, ``decr_count`` and ``use_dynamic_loss_scaling``; PyTorch's a float
-    beside ``_growth_tracker``."""
+    beside ``_growth_tracker``. An adaptive window rule's state adds its window state
+    (:mod:`lossscale.frontends.adaptive_rules`)."""
+    if is_adaptive(policy):
+        window_state, window_rule = fixed_window_view(state, policy)
+        return dict(state_dict_of(spelling, window_state, window_rule, True), **window_state_dict(state, policy))
     if spelling is PADDLE:
         saved = {
             "scale": np.array([state.scale], np.float32),
@@ -125,14 +140,19 @@ def _saved_spelling(state_dict):
 
 def parse_state(state_dict, current):
     """``(policy, state, dynamic)`` from a Paddle-format or PyTorch-format state dict, fully validated against the
-    scaler's ``current`` rule (whose hysteresis works one way, fixed when it is built)."""
+    scaler's ``current`` rule (whose hysteresis works one way, fixed when it is built; an adaptive rule's factor
+    and levels are fixed too)."""
     spelling, keys = _saved_spelling(state_dict)
+    if is_adaptive(current) or "list_index" in state_dict:
+        keys = _adaptive_keys(state_dict, current, keys)
     missing = [key for key in keys if key not in state_dict]
     if missing:
         raise ValueError(
             f"'state_dict' is missing {missing}; a {spelling.framework} GradScaler state has the keys {list(keys)}."
         )
     values = {key: _number(state_dict, key) for key in keys}
+    if is_adaptive(current):
+        return (*parse_adaptive_state(spelling, values, current), True)
     rule = {field: values[spelling.name_of(field)] for field in ("growth_factor", "backoff_factor", "growth_interval")}
     rule["init_scale"] = values["scale"]
     if spelling.name_of("hysteresis") in values:
@@ -151,6 +171,23 @@ def parse_state(state_dict, current):
     )
     state = LossScaleState(scale=policy.init_scale, good_steps=good, hysteresis_left=policy.hysteresis - bad)
     return policy, check_state(policy, state), dynamic
+
+
+def _adaptive_keys(state_dict, current, keys):
+    """The keys a state for (or from) an adaptive window rule must hold; ``ValueError`` if only one of the saved state
+    and the ``current`` rule is adaptive: each is built for its own update graph."""
+    if not is_adaptive(current):
+        raise ValueError(
+            "'state_dict' holds MindFormers' adaptive window state ('list_index', ...), but this scaler's rule has a "
+            "fixed window: load it into a scaler built with its rule (policy=AdaptiveWindowRule(...), or "
+            "from_preset('mindformers'))."
+        )
+    if "list_index" not in state_dict:
+        raise ValueError(
+            f"this scaler's rule is MindFormers' adaptive window, but 'state_dict' holds a fixed-window state (no "
+            f"{list(ADAPTIVE_KEYS)}): load it into a scaler built with a fixed-window rule."
+        )
+    return tuple(key for key in keys if key not in HYSTERESIS_FLAGS + TORCH_HYSTERESIS_KEYS) + ADAPTIVE_KEYS
 
 
 def _loaded_hysteresis_flags(values, hysteresis, current):

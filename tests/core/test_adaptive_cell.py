@@ -1,6 +1,7 @@
 """AdaptiveLossScaleUpdateCell: the graph cell equals the pure rule (lossscale.core.adaptive) step for step, drives
 the train cell, and resumes exactly from a checkpoint or a state dict."""
 
+import dataclasses
 from dataclasses import astuple
 
 import mindspore as ms
@@ -132,6 +133,23 @@ def test_a_named_core_prefixes_the_window_parameters():
         )
     )
     assert core.dynamic and core.state_dict()["scale_window"] == 20
+
+
+def test_a_core_sets_an_adaptive_state_and_refuses_another_rule():
+    rule = AdaptiveWindowRule(8.0, 2, 20)
+    core = LossScaler(rule, name="adaptive_set_rule")
+    state = run_adaptive(rule, [False] * 45 + [True])[-1]
+    core.set_rule(dataclasses.replace(rule, init_scale=64.0), state)
+    assert core.update_cell.get_state() == state and core.get_scale() == state.scale
+    for arguments, message in [
+        (dict(dynamic=False), "always dynamic"),
+        (dict(policy=dataclasses.replace(rule, scale_factor=4)), "factor and window levels are fixed"),
+        (dict(policy=dataclasses.replace(rule, max_scale_window=500)), "factor and window levels are fixed"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            core.set_rule(**arguments)
+        assert core.update_cell.get_state() == state
+    assert core.update_cell.read_good_steps() == state.good_steps == 0
 
 
 @pytest.mark.parametrize(

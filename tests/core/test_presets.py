@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import UpdateCellDriver
-from lossscale import DynamicLossScaleManager, DynamicLossScaleUpdateCell, get_preset
+from lossscale import AdaptiveLossScaleManager, DynamicLossScaleManager, DynamicLossScaleUpdateCell, get_preset
+from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
 from lossscale.core.policy import FLOAT32_TINY, run
-from lossscale.core.presets import DIFFERENCES, PRESET_NAMES
+from lossscale.core.presets import ADAPTIVE_PRESET_NAMES, DIFFERENCES, PRESET_NAMES
 
 F32 = np.float32
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the originals grow to inf
@@ -278,10 +279,23 @@ def test_preset_errors():
         get_preset("tensorflow")
     with pytest.raises(TypeError, match="unknown LossScalePolicy field"):
         get_preset("pytorch", scale_window=10)
+    with pytest.raises(TypeError, match=r"unknown AdaptiveWindowRule field\(s\) \['growth_interval'\]; allowed: \["):
+        get_preset("mindformers", growth_interval=10)
     assert set(DIFFERENCES) == set(PRESET_NAMES)
 
 
-@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_the_mindformers_preset_is_its_documented_adaptive_window():
+    """MindFormers' feature guide configures AdaptiveLossScaleUpdateCell with 2**32, 2, 20, 1000 and 20."""
+    assert ADAPTIVE_PRESET_NAMES == ("mindformers",)
+    assert get_preset("mindformers") == AdaptiveWindowRule(2.0**32, 2, 20, max_scale_window=1000, min_scale_window=20)
+    rule = get_preset("mindformers", scale_window=100, init_scale=8.0)
+    flags = _random_flags(5, n=300, rate=0.05)
+    manager = AdaptiveLossScaleManager.from_policy(rule)
+    assert manager.rule == rule and rule.levels[rule.start_level()] == 100
+    assert UpdateCellDriver(manager.get_update_cell()).run(flags) == [s.scale for s in run_adaptive(rule, flags)]
+
+
+@pytest.mark.parametrize("name", [name for name in PRESET_NAMES if name not in ADAPTIVE_PRESET_NAMES])
 def test_graph_cells_and_managers_apply_presets(name):
     policy = get_preset(name, growth_interval=3, init_scale=2.0**20)
     flags = _random_flags(len(name), n=60, rate=0.3)

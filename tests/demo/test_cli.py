@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from nets import TESTS
 
+from lossscale import get_preset
 from lossscale.demo.cli import main
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, magnitude_report, unscaled_gradients
 from lossscale.demo.inspection import scale_advice
@@ -504,6 +505,10 @@ def test_parse_loss_scale():
     assert label == "dynamic" and factory().scale_window == 7
     label, factory = parse_loss_scale("preset:pytorch", scale_window=7)  # --scale-window applies to a preset too
     assert label == "preset:pytorch" and factory().scale_window == 7 and factory().get_loss_scale() == 2.0**16
+    manager = parse_loss_scale("preset:mindformers", scale_window=100)[1]()  # the adaptive window, starting at 100
+    assert type(manager).__name__ == "AdaptiveLossScaleManager" and manager.rule == get_preset(
+        "mindformers", scale_window=100
+    )
     with pytest.raises(CliError):
         parse_loss_scale("fixed:inf")
     label, factory = parse_loss_scale("fixed:1")  # the lowest scale allowed

@@ -17,9 +17,10 @@ import shlex
 import pytest
 from nets import TESTS
 
+from lossscale.core._text import format_scale
 from lossscale.demo import plots
 from lossscale.demo.cli import main
-from lossscale.demo.results import _comparison_rows, machine_description
+from lossscale.demo.results import _comparison_rows, _window_section, machine_description
 
 ROOT = os.path.dirname(TESTS)
 PAGE = os.path.join(ROOT, "docs", "results.md")
@@ -74,19 +75,25 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
     )
     out = capsys.readouterr().out
     table = out[out.index("run ") :].splitlines()
-    assert [line.split()[0] for line in table[2:6]] == ["fp32", "fp16", "fp16", "fp16"]
+    assert [line.split()[0] for line in table[2:7]] == ["fp32", "fp16", "fp16", "fp16", "fp16"]
     assert re.search(r"fp16 dynamic reaches [0-9.]+% test accuracy, .* fp32 \([0-9.]+%\)", out)
     fresh = fresh_page.read_text().replace(str(fresh_page), "docs/results.md")
     runs = json.loads((tmp_path / "run" / "compare.json").read_text())
     for label, result in runs.items():  # the page shows what the run measured, and the run wrote its files
         assert f"| {label} | {100 * result['test_accuracy']:.2f} | " in fresh, label
-        row = next(line for line in table[2:6] if line.startswith(label + " "))
+        row = next(line for line in table[2:7] if line.startswith(label + " "))
         unweighted_loss = result["final_loss"] / result["config"]["loss_weight"]
         assert row[len(label) :].split()[:2] == [f"{100 * result['test_accuracy']:.2f}", f"{unweighted_loss:.4f}"], row
     # With a 1e-4 loss weight, fp16 without scaling loses gradient elements and dynamic scaling does not.
     assert runs["fp32"]["gradient_lost_fraction"] == 0.0
     assert runs["fp16 dynamic"]["gradient_lost_fraction"] < 0.01 < runs["fp16 no scaling"]["gradient_lost_fraction"]
     assert (tmp_path / "run" / "compare.png").exists() and (tmp_path / "run" / "compare.txt").exists()
+    for label in ("fp16 dynamic", "fp16 adaptive"):  # both windows' skipped steps and scales, on the same seed
+        summary = runs[label]["summary"]
+        line = next(line for line in fresh.splitlines() if line.startswith(f"- {label}: "))
+        assert f"skipped steps {summary['skipped_steps']} of {summary['steps']}," in line
+        assert line.endswith(f"ending at {format_scale(summary['final_loss_scale'])}.")
+    assert runs["fp16 adaptive"]["config"]["loss_scale"] == "adaptive"
     exact = machine_description() in _machine_line(committed)
     committed_lines, fresh_lines = committed.splitlines(), fresh.splitlines()
     assert len(committed_lines) == len(fresh_lines)
@@ -165,3 +172,22 @@ def test_a_comparison_row_shows_the_first_steps_scale_and_the_final_scale():
     assert _comparison_rows([("fp16 dynamic", result)])[2] == (
         "| fp16 dynamic | 50.00 | 1.0000 | 25.000 | 1 of 2 | 2**24 -> 2**21 |"
     )
+
+
+def test_the_window_section_counts_changes_and_samples_both_trajectories():
+    def result(scales, skipped):
+        summary = dict(skipped_steps=skipped, steps=len(scales), min_loss_scale=min(scales))
+        summary.update(max_loss_scale=max(scales), final_loss_scale=scales[-1])
+        return {"records": [{"loss_scale": scale} for scale in scales], "summary": summary}
+
+    dynamic = result([2.0**24] * 9 + [2.0**25] * 6, 0)
+    adaptive = result([2.0**24, 2.0**25, 2.0**26, 2.0**25, 2.0**24] + [2.0**25] * 10, 2)
+    section = _window_section([("fp16 dynamic", dynamic), ("fp16 adaptive", adaptive)])
+    assert section[2] == (
+        "- fp16 dynamic: growths 1, back-offs 0, skipped steps 0 of 15, the scale between 2**24 and 2**25, "
+        "ending at 2**25."
+    )
+    assert section[3].startswith("- fp16 adaptive: growths 3, back-offs 2, skipped steps 2 of 15,")
+    table = section[section.index("| step | fp16 dynamic | fp16 adaptive |") :]
+    assert [row.split(" | ")[0] for row in table[2:10]] == ["| 1", "| 3", "| 5", "| 7", "| 9", "| 11", "| 13", "| 15"]
+    assert table[2:4] == ["| 1 | 2**24 | 2**24 |", "| 3 | 2**24 | 2**26 |"]

@@ -1,0 +1,251 @@
+"""MindFormers' adaptive window rule in the front-ends: both GradScaler spellings and the LossScaleOptimizer follow
+the pure rule (:func:`lossscale.core.adaptive.run_adaptive`, itself held to MindFormers' transcribed source in
+tests/core/test_adaptive.py) step for step, skip what overflowed, keep the window state in their state dicts and
+resume from them exactly; what cannot hold the rule is refused, nothing changed."""
+
+import pickle
+
+import numpy as np
+import pytest
+from grad_scaler_harness import scaled_grad_fn
+from mindspore import Tensor, nn
+from nets import changed_since, jit_if, regression_batches, regression_net, training_state, with_inf
+
+from lossscale import LossScaleOptimizer, get_preset
+from lossscale.core.adaptive import run_adaptive
+from lossscale.paddle import GradScaler as PaddleGradScaler
+from lossscale.torch import GradScaler as TorchGradScaler
+
+T, F = True, False
+SLOW = pytest.mark.slow
+# Levels (2, 3, 4, 5, 6, 7, 8): small windows, so a short schedule moves the window up, down to the hidden level
+# (a window of 1) and back up.
+RULE = dict(init_scale=2.0**10, scale_window=2, min_scale_window=2, max_scale_window=8)
+FLAGS = [F] * 6 + [T] * 3 + [F] * 5 + [T, F, F, T] + [F] * 4
+SPELLINGS = {"torch": TorchGradScaler, "paddle": PaddleGradScaler}
+
+
+def _rule(**overrides):
+    return get_preset("mindformers", **dict(RULE, **overrides))
+
+
+def _scaler(spelling, **overrides):
+    return SPELLINGS[spelling].from_preset("mindformers", **dict(RULE, **overrides))
+
+
+class _Run:
+    """A regression network trained by ``scaler.minimize`` (eagerly or compiled), overflows injected by flag."""
+
+    def __init__(self, scaler, compiled):
+        self.scaler, self.net = scaler, regression_net()
+        opt = nn.SGD(self.net.trainable_params(), 0.05)
+        grad_fn = scaled_grad_fn(scaler, self.net, opt)
+
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            return scaler.minimize(opt, grads)
+
+        self.step = jit_if(compiled, train_step)
+
+    def run(self, flags, seed=1):
+        """The scale after each step; asserts each skip decision and that a skipped step changed nothing."""
+        scales = []
+        for flag, (x, y) in zip(flags, regression_batches(len(flags), seed=seed)):
+            before = training_state(self.net)
+            skipped = self.step(Tensor(with_inf(x) if flag else x), Tensor(y))
+            assert bool(skipped.asnumpy()) == flag
+            assert (changed_since(before, self.net) == []) == flag
+            scales.append(self.scaler.get_scale())
+        return scales
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_grad_scaler_follows_the_rule_step_for_step(spelling, compiled):
+    scaler = _scaler(spelling)
+    expected = run_adaptive(_rule(), FLAGS)
+    assert _Run(scaler, compiled).run(FLAGS) == [state.scale for state in expected]
+    assert scaler.get_state() == expected[-1]
+    window = scaler.get_incr_every_n_steps() if spelling == "paddle" else scaler.get_growth_interval()
+    assert (window, scaler.get_backoff_factor(), scaler.get_decr_every_n_nan_or_inf()) == (expected[-1].window, 0.5, 1)
+
+
+def test_state_dicts_hold_the_window_state_in_each_format():
+    rule = _rule()
+    state = run_adaptive(rule, FLAGS[:10])[-1]  # three back-offs to the hidden level, then a growth there
+    torch_scaler, paddle_scaler = _scaler("torch"), _scaler("paddle")
+    for scaler in (torch_scaler, paddle_scaler):
+        scaler._core.update_cell.set_state(state)
+    window_keys = dict(max_scale_window=8, min_scale_window=2, list_index=-1, window_up_count=1, window_down_count=0)
+    assert torch_scaler.state_dict() == dict(
+        scale=state.scale, growth_factor=2.0, backoff_factor=0.5, growth_interval=1, _growth_tracker=0, **window_keys
+    )
+    saved = paddle_scaler.state_dict()
+    assert saved.pop("scale").tolist() == [state.scale]
+    assert saved == dict(
+        incr_ratio=2.0,
+        decr_ratio=0.5,
+        incr_every_n_steps=1,
+        decr_every_n_nan_or_inf=1,
+        incr_count=0,
+        decr_count=0,
+        use_dynamic_loss_scaling=True,
+        **window_keys,
+    )
+
+
+@pytest.mark.parametrize(
+    "saver, loader",
+    [("torch", "torch"), pytest.param("paddle", "paddle", marks=SLOW), pytest.param("torch", "paddle", marks=SLOW)],
+)
+def test_a_resumed_scaler_continues_step_for_step(saver, loader):
+    first = _Run(_scaler(saver), compiled=False)
+    first.run(FLAGS[:10])
+    resumed = _scaler(loader)
+    resumed.load_state_dict(first.scaler.state_dict())
+    assert resumed.get_scale() == first.scaler.get_scale()
+    rest = FLAGS[10:]
+    assert _Run(resumed, compiled=False).run(rest, seed=2) == first.run(rest, seed=2)
+    assert [s.scale for s in run_adaptive(_rule(), FLAGS)][-1] == resumed.get_scale()
+
+
+def test_a_pickled_scaler_keeps_its_rule_and_state():
+    scaler = _scaler("paddle")
+    _Run(scaler, compiled=False).run(FLAGS[:9])
+    restored = pickle.loads(pickle.dumps(scaler))
+    assert restored.state_dict().keys() == scaler.state_dict().keys()
+    assert restored.get_scale() == scaler.get_scale() and restored._policy == scaler._policy
+
+
+REFUSED_STATES = {  # what is loaded, from the scaler's own state dict: error
+    "growth_factor": (lambda saved: dict(saved, growth_factor=4.0), r"'state_dict\['growth_factor'\]' is 4.0, .* 2.0"),
+    "bounds": (lambda saved: dict(saved, max_scale_window=16), r"'state_dict\['max_scale_window'\]' is 16"),
+    "level": (lambda saved: dict(saved, list_index=7), r"'state_dict\['list_index'\]' must be .*\[-1, 6\]"),
+    "window": (
+        lambda saved: dict(saved, growth_interval=3),
+        r"'state_dict\['growth_interval'\]' must be the window of level 0 .*2, but got 3",
+    ),
+    "tracker": (lambda saved: dict(saved, _growth_tracker=2), r"'state_dict\['_growth_tracker'\]' must be .*\[0, 1\]"),
+    "downs": (lambda saved: dict(saved, window_down_count=4), r"'state_dict\['window_down_count'\]'"),
+    "scale": (lambda saved: dict(saved, scale=0.5), r"'state_dict\['scale'\]' must be a finite number in \[1.0, "),
+    "fixed_window": (lambda saved: TorchGradScaler().state_dict(), r"fixed-window state \(no \['max_scale_window'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_STATES))
+def test_a_state_of_another_rule_is_refused_and_nothing_changes(case):
+    loaded, error = REFUSED_STATES[case]
+    scaler = _scaler("torch")
+    _Run(scaler, compiled=False).run(FLAGS[:3])
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=error):
+        scaler.load_state_dict(loaded(before))
+    assert scaler.state_dict() == before
+
+
+def test_a_window_state_is_refused_by_a_fixed_window_scaler():
+    scaler = TorchGradScaler()
+    with pytest.raises(ValueError, match="holds MindFormers' adaptive window state"):
+        scaler.load_state_dict(_scaler("torch").state_dict())
+    assert scaler.state_dict() == TorchGradScaler().state_dict()
+
+
+def test_setters_change_the_initial_scale_only():
+    scaler = _scaler("paddle")
+    _Run(scaler, compiled=False).run(FLAGS[:5])
+    counters = scaler.get_state()
+    scaler.set_init_loss_scaling(64.0)
+    assert scaler.get_state() == type(counters)(**dict(vars(counters), scale=64.0))
+    assert scaler.get_init_loss_scaling() == 64.0
+    for setter, value, name in [
+        ("set_incr_ratio", 4.0, "incr_ratio"),
+        ("set_growth_interval", 10, "incr_every_n_steps"),  # in this scaler's (Paddle's) spelling
+        ("set_decr_every_n_nan_or_inf", 2, "decr_every_n_nan_or_inf"),
+    ]:
+        with pytest.raises(ValueError, match=f"'{name}' cannot change in MindFormers' adaptive window rule"):
+            getattr(scaler, setter)(value)
+    with pytest.raises(ValueError, match="'init_loss_scaling' must be"):
+        scaler.set_init_loss_scaling(0.5)
+    assert scaler.get_state().scale == 64.0
+
+
+def test_a_fixed_adaptive_scaler_is_refused():
+    with pytest.raises(ValueError, match="'use_dynamic_loss_scaling' must be True with MindFormers' adaptive"):
+        PaddleGradScaler(policy=_rule(), use_dynamic_loss_scaling=False)
+
+
+def _gradients(net, flag):
+    return tuple(Tensor(np.full(p.shape, np.inf if flag else 0.01, np.float32)) for p in net.trainable_params())
+
+
+def _wrapped(rule):
+    net = nn.Dense(3, 2)
+    return net, LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), policy=rule)
+
+
+@pytest.mark.filterwarnings("ignore:LossScaleOptimizer applied gradients without")  # given as computed
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=SLOW)], ids=["eager", "jit"])
+def test_loss_scale_optimizer_follows_the_rule_and_resumes(compiled):
+    rule = _rule()
+    net, opt = _wrapped(rule)
+
+    def apply(grads):
+        return opt(grads)
+
+    apply = jit_if(compiled, apply)
+    expected = run_adaptive(rule, FLAGS)
+    for flag, state in zip(FLAGS[:10], expected):
+        before = training_state(net)
+        assert bool(apply(_gradients(net, flag)).asnumpy()) == flag
+        assert (changed_since(before, net) == []) == flag
+        assert float(opt.loss_scale.asnumpy()) == state.scale
+    resumed_net, resumed = _wrapped(rule)
+    resumed.load_state_dict(opt.state_dict())
+    for flag in FLAGS[10:]:
+        opt(_gradients(net, flag))
+        resumed(_gradients(resumed_net, flag))
+    assert (
+        opt.state_dict()
+        == resumed.state_dict()
+        == dict(
+            loss_scale=expected[-1].scale,
+            scale_window=expected[-1].window,
+            list_index=expected[-1].level,
+            window_up_count=expected[-1].ups,
+            window_down_count=expected[-1].downs,
+            cur_iter=len(FLAGS) + 1,
+            last_overflow_iter=expected[-1].last_step,
+        )
+    )
+    assert (opt.dynamic_growth_steps, opt.dynamic_counter) == (expected[-1].window, expected[-1].good_steps)
+
+
+def test_loss_scale_optimizer_refuses_a_foreign_window_state():
+    _, opt = _wrapped(_rule())
+    cell = opt._core.update_cell
+    cell._list_index.set_data(Tensor(np.int32(3)))  # a checkpoint of a wrapper with other bounds, say
+    with pytest.raises(
+        ValueError, match=r"'\S+\.scale_window' must be the window of level 3, 5, .*dynamic_growth_steps=2"
+    ):
+        opt.check_state()
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match=r"'state_dict\['list_index'\]' must be"):
+        opt.load_state_dict(dict(before, list_index=9))
+    assert opt.state_dict() == before
+
+
+@pytest.mark.parametrize(
+    "arguments, saved",
+    [
+        (dict(), dict(loss_scale=2.0**15, good_steps=0, hysteresis_left=1)),
+        (dict(dynamic=False, initial_scale=8.0), dict(loss_scale=8.0)),
+    ],
+    ids=["dynamic", "fixed"],
+)
+def test_loss_scale_optimizer_state_dict_of_the_other_rules(arguments, saved):
+    net = nn.Dense(3, 2)
+    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.05), **arguments)
+    assert opt.state_dict() == saved
+    opt.load_state_dict(saved)
+    with pytest.raises(ValueError, match="loss_scale"):
+        opt.load_state_dict(dict(saved, loss_scale=4.0 if "good_steps" not in saved else -1.0))
+    assert opt.state_dict() == saved
