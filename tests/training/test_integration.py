@@ -11,6 +11,7 @@ from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, M
 from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
 
 from lossscale import (
+    AdaptiveLossScaleManager,
     DynamicLossScaleManager,
     DynamicLossScaleUpdateCell,
     FixedLossScaleManager,
@@ -22,6 +23,7 @@ from lossscale import (
     build_train_network,
     get_preset,
 )
+from lossscale.core.adaptive import run_adaptive
 from lossscale.core.policy import run
 
 BAD_ROW = 20  # in batch 2 (batch size 8) of every epoch
@@ -304,19 +306,35 @@ class _CpuMindSporeCell(nn.TrainOneStepWithLossScaleCell):
         return ops.stack(flags).any()
 
 
-def test_our_update_cell_drives_mindspore_own_train_cell():
-    manager = DynamicLossScaleManager(init_loss_scale=2**6, scale_window=2, hysteresis=2)
+UPDATE_CELL_MANAGERS = {  # the manager, and its rule's trajectory
+    "dynamic": (
+        lambda: DynamicLossScaleManager(init_loss_scale=2**6, scale_window=2, hysteresis=2),
+        lambda manager, flags: run(manager.policy, flags),
+    ),
+    "adaptive": (  # MindFormers' cell, whose own train cell has MindSpore's contract
+        lambda: AdaptiveLossScaleManager(init_loss_scale=2**6, scale_window=2, max_scale_window=4, min_scale_window=2),
+        lambda manager, flags: run_adaptive(manager.rule, flags),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UPDATE_CELL_MANAGERS))
+def test_our_update_cell_drives_mindspore_own_train_cell(kind):
+    make, trajectory = UPDATE_CELL_MANAGERS[kind]
+    manager = make()
     net = regression_net()
     step = _CpuMindSporeCell(net, nn.SGD(net.trainable_params(), 0.01), manager.get_update_cell())
     rng = np.random.RandomState(5)
-    flags = [False, True, True, False, False, False, True, False]
+    flags = [False, True, True, False, False, False, True, False] + [False] * 6 + [True] * 3 + [False] * 3
+    scales = []
     for flag in flags:
         x = rng.randn(4, 6).astype(np.float32)
         if flag:
             x[0, 0] = np.inf
         _, overflow, _ = step(Tensor(x), Tensor(rng.randn(4, 3).astype(np.float32)))
         assert bool(overflow.asnumpy()) == flag
-    assert float(step.scale_sense.asnumpy()) == run(manager.policy, flags)[-1].scale
+        scales.append(float(step.scale_sense.asnumpy()))
+    assert scales == [state.scale for state in trajectory(manager, flags)]
 
 
 @pytest.mark.parametrize(
