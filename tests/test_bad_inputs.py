@@ -595,6 +595,8 @@ def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_st
     _refused(lambda: core.load_state_dict({"loss_scale": 4.0, "good_steps": 3}), "good_steps", 3)
     _refused(lambda: core.load_state_dict({"loss_scale": -1.0, "good_steps": 1}), "state_dict['loss_scale']", -1.0)
     assert core.state_dict() == {"loss_scale": 8.0, "good_steps": 0}
+    core.load_state_dict({"loss_scale": 4.0, "good_steps": 0})  # the lowest count, as after a growth
+    assert core.state_dict() == {"loss_scale": 4.0, "good_steps": 0}
     core.adjust(overflow=False)
     core.load_state_dict({"loss_scale": 2.0})  # a state of the scale only (0.1.0's) keeps the count
     assert core.state_dict() == {"loss_scale": 2.0, "good_steps": 1}
@@ -607,9 +609,8 @@ def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_st
 @pytest.mark.parametrize("frozen", [False, True], ids=["parameter", "frozen"])
 def test_loss_scaler_of_a_number_saves_and_loads_its_scale(frozen):
     """A fixed scale given as a number has no update cell: its state is the scale alone, loading writes it (adjust
-    then keeps it), and a bad or missing scale is refused naming the key (was 'scale', the setter's argument), with
-    nothing changed. A frozen one (a graph constant) loads only its own scale, as a fixed update cell (was: any
-    state refused as "frozen", the train cell's own check bypassing the core)."""
+    then keeps it), and a bad or missing scale is refused naming the key, with nothing changed. A frozen one (a
+    graph constant) loads only its own scale, as a fixed update cell."""
     core = LossScaler(8.0, frozen=frozen)
     assert core.state_dict() == {"loss_scale": 8.0}
     bad = [{"loss_scale": -1.0}, {"loss_scale": math.inf}, {}, {"loss_scale": "8"}] + ([{"loss_scale": 4.0}] * frozen)

@@ -161,8 +161,8 @@ def _check_variables(argument, variables, parameters):
 
 
 def _refuse_non_pairs(items, argument):
-    """TypeError unless every entry of ``items`` is a ``(gradient, variable)`` pair (was an IndexError for gradients
-    nested as ``mindspore.value_and_grad`` with ``grad_position`` and ``weights`` returns them)."""
+    """TypeError unless every entry of ``items`` is a ``(gradient, variable)`` pair (gradients nested as
+    ``mindspore.value_and_grad`` with ``grad_position`` and ``weights`` returns them are not)."""
     for index, pair in enumerate(items):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(

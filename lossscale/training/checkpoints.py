@@ -217,7 +217,7 @@ def restore_loss_scale(cell, param_dict):
 
 def _accumulation_of(cell):
     """The train cell's accumulation part, or None: as built, whatever a subclass assigned to ``cell.accumulation``
-    for its own construct (model-zoo accumulation cells keep a bool flag there; it was an AttributeError)."""
+    for its own construct (model-zoo accumulation cells keep a bool flag there)."""
     return cell._accumulation
 
 
@@ -243,7 +243,7 @@ def _what_loads_instead(cell):
 
 
 def _check_restore_arguments(cell, param_dict):
-    """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict (was an AttributeError)."""
+    """TypeError unless ``cell`` is a lossscale train cell and ``param_dict`` a dict."""
     _check_train_cell(cell)
     if not isinstance(param_dict, dict):
         raise TypeError(

@@ -59,7 +59,16 @@ class _Run:
         return scales
 
 
-@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+@pytest.mark.parametrize(
+    "spelling, compiled",
+    [
+        ("torch", True),
+        ("paddle", False),
+        pytest.param("torch", False, marks=SLOW),
+        pytest.param("paddle", True, marks=SLOW),
+    ],
+    ids=["torch-jit", "paddle-eager", "torch-eager", "paddle-jit"],
+)
 def test_grad_scaler_follows_the_rule_step_for_step(spelling, compiled):
     scaler = _scaler(spelling)
     expected = run_adaptive(_rule(), FLAGS)
@@ -108,6 +117,7 @@ def test_a_resumed_scaler_continues_step_for_step(saver, loader):
     assert [s.scale for s in run_adaptive(_rule(), FLAGS)][-1] == resumed.get_scale()
 
 
+@pytest.mark.slow
 def test_a_pickled_scaler_keeps_its_rule_and_state():
     scaler = _scaler("paddle")
     _Run(scaler, compiled=False).run(FLAGS[:9])

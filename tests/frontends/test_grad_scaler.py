@@ -72,6 +72,8 @@ def test_run_scaling_case(case, enabled, compiled):
     ],
     ids=["adam", "experimental_adam", "mint_sgd", "asgd"],
 )
+# Eagerly about 8 s each: the slow tier; test_run_scaling_case covers the eager path in the README's tier.
+@pytest.mark.parametrize("compiled", [pytest.param(False, marks=pytest.mark.slow), True], ids=["eager", "jit"])
 def test_run_scaling_case_with_optimizer_state(optimizer, compiled):
     _, control, scaled = _run_scaling_case("clipping_separate_unscale", True, compiled, optimizer=optimizer)
     same_training_state(control, scaled)  # moments and step counts untouched on the skipped iteration

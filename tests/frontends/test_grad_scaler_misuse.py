@@ -522,9 +522,9 @@ def _refused_before_anything_happens(call, given, compiled, error, pattern):
 
 @pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "call"])
 def test_no_gradients_at_all_are_refused(compiled, call):
-    """An empty tuple where the gradients go: a ValueError naming the argument (was an IndexError from unscale_,
-    MindSpore's "cannot get item by index from an empty sequence" from apply_gradients and the wrapper's call,
-    after warning that the loss was not scaled), nothing recorded or applied; get_unscaled_gradients(()) returns
+    """An empty tuple where the gradients go: a ValueError naming the argument (not an IndexError, nor MindSpore's
+    "cannot get item by index from an empty sequence" after a warning that the loss was not scaled), nothing
+    recorded or applied; get_unscaled_gradients(()) returns
     () as Keras' returns []."""
     calls = _refused_before_anything_happens(call, (), compiled, ValueError, "'{argument}' holds no gradients")
     get_unscaled_gradients = calls["get_unscaled_gradients"][0]
@@ -548,8 +548,8 @@ def test_no_gradients_at_all_are_refused(compiled, call):
 def test_entries_that_are_not_gradients_are_refused_naming_the_entry(compiled, entry, shown, call, pairs):
     """A NumPy array, or gradients nested one level too deep (the bias's entry here; mindspore.value_and_grad with
     grad_position and weights returns (inputs' gradients, weights' gradients)): a TypeError naming the argument
-    and the entry (was MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray", with the
-    LossScaleOptimizer's usage warning and an analyzer dump first, or "Failed calling NotEqual"), before
+    and the entry (not MindSpore's "For 'MultitypeFuncGraph', the input can not be numpy.ndarray" after a usage
+    warning and an analyzer dump, nor "Failed calling NotEqual"), before
     anything is recorded or applied."""
     grads = (Tensor(np.ones((1, 1), np.float32)), entry)
 
@@ -581,8 +581,8 @@ def _eager_sparse_gradient():
 @pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "get_unscaled_gradients"])
 def test_sparse_gradients_are_refused_saying_so(compiled, call):
     """nn.EmbeddingLookup(sparse=True)'s gradient, which MindSpore returns eagerly as the tuple (indices, values,
-    dense shape): a TypeError saying it is sparse and what to use instead (was "must be a gradient Tensor, but got
-    a tuple: give the weights' gradients as one flat tuple", advice that does not apply), before anything is
+    dense shape): a TypeError saying it is sparse and what to use instead (not the advice for nested tuples of
+    gradients, which does not apply), before anything is
     applied or recorded. The same tuple given to a compiled function is refused alike. (A RowTensor made inside
     a compiled function fails MindSpore's compiling: migration.md.)"""
     sparse = _eager_sparse_gradient()
@@ -612,9 +612,9 @@ def test_gradients_of_inputs_and_weights_together_are_refused(compiled, call):
 @pytest.mark.slow
 def test_gradients_of_other_parameters_are_refused_before_the_step_is_recorded(compiled, call, weight_decay):
     """Gradients taken in the network's order for an optimizer that lists its groups in turn. Eagerly a ValueError
-    naming the shapes (was MindSpore's 'For AddN, input shape must be same' (weight decay) or a kernel's shape
-    error from inside the optimizer, after the step was recorded, so the corrected step of the same iteration
-    was refused as a second one). Compiled, MindSpore refuses them while compiling, before anything runs
+    naming the shapes before the step is recorded (an error from inside the optimizer, such as MindSpore's 'For
+    AddN, input shape must be same', would come after, and the corrected step would be refused as a second one).
+    Compiled, MindSpore refuses them while compiling, before anything runs
     (with or without weight decay): the corrected step of the same iteration works too."""
     scaler = GradScaler("cpu", init_scale=1024.0)
     net = regression_net()

@@ -458,8 +458,8 @@ class _FailsOnce:
 def test_a_step_whose_optimizer_raised_can_be_called_again(spelling, unscale_first):
     """Called from Python, an optimizer that raises inside step() leaves the iteration as it was before that
     step() (as PyTorch, which records a step only once its optimizer returned): the retry applies the step and
-    the run ends where an uninterrupted one does (was: the failed step stayed recorded, the retry was refused
-    as a second step and update() counted an iteration whose step never happened)."""
+    the run ends where an uninterrupted one does (a failed step left recorded would refuse the retry as a second
+    step, and update() would count an iteration whose step never happened)."""
     runs = []
     for flaky in (False, True):
         scaler = (

@@ -714,8 +714,8 @@ def test_a_checkpoint_of_a_wrapper_with_another_growth_interval_is_reported(tmp_
 @pytest.mark.slow
 def test_a_fixed_scale_is_a_constant_that_no_checkpoint_changes(tmp_path, compiled):
     """As in tf.keras (a Python constant): a fixed wrapper holds no scale Parameter, so a checkpoint of a dynamic
-    wrapper of the same name leaves its scale alone (was: the fixed scale silently became the saved one, while
-    ``initial_scale`` still reported the fixed one)."""
+    wrapper of the same name leaves its scale alone (the fixed scale must not silently become the saved one
+    while ``initial_scale`` reports the fixed one)."""
 
     def build(name, **kwargs):
         net = regression_net()

@@ -25,7 +25,7 @@ from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, 
 @pytest.mark.slow
 def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_is_loaded(tmp_path):
     """MindSpore's recipe: FixedLossScaleManager(S, False) and an optimizer with loss_scale=S. A checkpoint of a
-    dynamic run (scale_sense = 2**16) used to replace the scale while the optimizer kept dividing by S."""
+    dynamic run (scale_sense = 2**16) must not replace the scale while the optimizer keeps dividing by S."""
     dynamic = dynamic_cell()
     dynamic.set_sense_scale(Tensor(np.float32(2**16)))
     saved = save_cell_checkpoint(dynamic, tmp_path / "dynamic.ckpt")
@@ -52,8 +52,8 @@ def test_fixed_scale_recipe_keeps_its_scale_when_a_checkpoint_of_another_scale_i
 
 
 def test_an_inf_scale_in_a_checkpoint_is_refused_before_the_first_step(tmp_path):
-    """MindSpore's own cell writes inf once its scale grows past 2**127; such a checkpoint used to skip every
-    step forever, silently, and overflow_policy='raise' never fired."""
+    """MindSpore's own cell writes inf once its scale grows past 2**127; such a checkpoint, loaded, would skip every
+    step forever, silently, without overflow_policy='raise' firing."""
     source = dynamic_cell()
     source.loss_scaler.scale_value.set_data(Tensor(np.float32(np.inf)))
     saved = save_cell_checkpoint(source, tmp_path / "inf.ckpt")
@@ -69,7 +69,7 @@ def test_an_inf_scale_in_a_checkpoint_is_refused_before_the_first_step(tmp_path)
 
 
 def test_counters_of_another_configuration_are_refused(tmp_path):
-    """A hysteresis_left of 3 from a hysteresis-3 run, loaded into a hysteresis-1 cell, used to absorb overflows."""
+    """A hysteresis_left of 3 from a hysteresis-3 run, loaded into a hysteresis-1 cell, would absorb overflows."""
     source = dynamic_cell(hysteresis=3)
     saved = save_cell_checkpoint(source, tmp_path / "h3.ckpt")
     target = dynamic_cell()
@@ -401,10 +401,10 @@ def _refusal_cases():
 
 
 def test_restore_loss_scale_refuses_bad_arguments_and_entries_before_writing_anything():
-    """Not a train cell, not a dict: a TypeError naming the argument (was an AttributeError). An entry that is not
-    a number, or a fractional, non-finite or out-of-range value for an integer counter: refused before anything
-    is written (a string was MindSpore's conversion error after the earlier entries were written; 1.5 was
-    truncated to 1, 2**32 + 1 wrapped to 1)."""
+    """Not a train cell, not a dict: a TypeError naming the argument. An entry that is not a number, or a
+    fractional, non-finite or out-of-range value for an integer counter: refused before anything is written
+    (written as they come, a string fails MindSpore's conversion after the earlier entries, 1.5 truncates to 1 and
+    2**32 + 1 wraps to 1)."""
     cell, cases = _refusal_cases()
     before = snapshot(cell)
     for arguments, error, pattern in cases:

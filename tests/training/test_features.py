@@ -711,7 +711,7 @@ def test_a_subclass_with_mindspores_own_construct_trains_like_the_cell_on_cpu():
     """MindSpore's construct body, written against our cell, runs on CPU with our check and update cell: the
     same decisions, scales and (float32) weights as our own construct. It gets what its body calls: no counters.
     A model-zoo overflow check written with MindSpore's cell's primitives (self.reduce_sum, self.less_equal,
-    self.base, self.is_distributed, self.allreduce) decides the same (was AttributeError: our cell lacked them), and
+    self.base, self.is_distributed, self.allreduce) decides the same (our cell has those attributes too), and
     so do mindocr's and mindone's, which give get_overflow_status a status of their own (MindSpore's cell fails on
     CPU with either)."""
     policy = dict(init_loss_scale=2**10, scale_factor=2, scale_window=2)
@@ -819,14 +819,13 @@ class OwnOptionsCallingOurConstruct(OwnOptions):
 
 @pytest.mark.parametrize("drop", [True, False])
 def test_a_subclass_with_its_own_construct_may_assign_the_option_names_for_itself(drop, tmp_path):
-    """Assigning drop_overflow_update or accumulation_steps after building was an AttributeError (the options are
-    read-only for our construct), so mindone's TrainOneStepWrapper and model-zoo accumulation cells could not be
-    built on our cell; and the zoo's flag ``accumulation = False`` made the first call an AttributeError ('bool'
-    object has no attribute 'micro_step'), in the state check. With a construct of their own the names are theirs:
-    the attributes read their values, their compiled construct uses them (an injected inf is applied when their
-    drop_overflow_update is False), and our checks and checkpoints see the cell as built (no accumulation).
-    A subclass that assigns them but runs our construct is refused before anything runs; one without a
-    construct of its own still gets the AttributeError."""
+    """mindone's TrainOneStepWrapper and model-zoo accumulation cells assign drop_overflow_update or accumulation_steps
+    after building (read-only for our construct), and the zoo keeps a flag ``accumulation = False``, which the state
+    check must not take for our accumulation part. With a construct of their own the names are theirs: the
+    attributes read their values, their compiled construct uses them (an injected inf is applied when their
+    drop_overflow_update is False), and our checks and checkpoints see the cell as built (no accumulation). A
+    subclass that assigns them but runs our construct is refused before anything runs; one without a construct of
+    its own still gets the AttributeError."""
     net = regression_net()
     cell = OwnOptions(
         net,
