@@ -195,12 +195,15 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
         since = self._cur_iter - self._last_overflow_iter - self._one
         return ops.minimum(since, self._scale_window - self._one).reshape(())
 
-    def check_loaded_state(self):
-        """``ValueError`` (naming the Parameter) unless the window state the device holds fits the rule: a
-        checkpoint of a cell with other window bounds, say. Host reads."""
+    def check_loaded_state(self, scale=None, scale_name="loss_scale"):
+        """``ValueError`` naming the Parameter (``scale_name`` for the scale) unless the window state the device
+        holds fits the rule: a checkpoint of a cell with other window bounds, say. ``scale``: the scale of the train
+        cell being checked (default the one this cell is bound to). Host reads."""
         names = {key: getattr(self, f"_{key}").name for key in STATE_PARAMETERS}
+        names["loss_scale"] = scale_name
+        state = self.get_state()
         try:
-            check_adaptive_state(self._rule, self.get_state())
+            check_adaptive_state(self._rule, state if scale is None else dataclasses.replace(state, scale=scale))
         except ValueError as error:
             message = str(error)
             for key, name in names.items():

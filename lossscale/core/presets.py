@@ -12,7 +12,7 @@ preset anywhere a policy is accepted:
 - the CLI: ``python -m lossscale train --loss-scale preset:jmp``.
 
 Every preset keeps lossscale's finiteness guard (growth never produces inf). For
-Paddle's dygraph ``GradScaler``, Keras 3, Megatron-LM and MindSpore this deliberately
+Paddle's dygraph ``GradScaler``, Keras 3, Megatron-LM, MindSpore and MindFormers this deliberately
 differs from the original, whose scale can grow to inf. That is the only deliberate
 difference, and :data:`DIFFERENCES` lists it per preset.
 

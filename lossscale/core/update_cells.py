@@ -9,6 +9,8 @@ Parameter (owned by the train cell) and its own counter Parameters with
 with branch-free ``select`` ops; the tests check it equals the policy step for step.
 """
 
+import dataclasses
+
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -16,7 +18,7 @@ from mindspore.ops import constexpr
 
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, read_scalar, write_parameter
-from lossscale.core._validation import check_bool, check_int_in_range, check_real, positive_float32, read_only
+from lossscale.core._validation import check_bool, check_real, positive_float32, read_only
 from lossscale.core.policy import (
     FLOAT32_TINY,
     LossScalePolicy,
@@ -223,6 +225,12 @@ class FixedLossScaleUpdateCell(_UpdateCellBase):
     def load_state_dict(self, state):
         """Check :meth:`state_dict` output: its scale must equal this cell's fixed scale."""
         check_fixed_state(state, self.loss_scale_value)
+
+    def check_loaded_state(self, scale=None, scale_name="loss_scale"):
+        """``ValueError`` naming ``scale_name`` unless ``scale`` (default the bound one) is this cell's scale."""
+        check_fixed_state(
+            {"loss_scale": self.get_loss_scale() if scale is None else scale}, self.loss_scale_value, name=scale_name
+        )
 
     def construct(self, loss_scale, overflow):
         check_overflow_argument(overflow)
@@ -449,12 +457,13 @@ class DynamicLossScaleUpdateCell(_UpdateCellBase):
         function an int32 scalar Tensor read when the graph runs."""
         return read_scalar(self.good_steps)
 
-    def check_loaded_state(self):
-        """``ValueError`` (naming the Parameter) unless the counters the device holds fit the rule: a checkpoint
-        of a cell with another window or hysteresis, say. Host reads."""
+    def check_loaded_state(self, scale=None, scale_name="loss_scale"):
+        """``ValueError`` naming the Parameter (``scale_name`` for the scale) unless the state the device holds
+        fits the rule: a checkpoint of a cell with another window or hysteresis, say. ``scale``: the scale of the
+        train cell being checked (default the one this cell is bound to). Host reads."""
         state = self.get_state()
-        check_int_in_range(self.good_steps.name, state.good_steps, low=0, high=self._policy.growth_interval - 1)
-        check_int_in_range(self.hysteresis_left.name, state.hysteresis_left, low=1, high=self._policy.hysteresis)
+        state = state if scale is None else dataclasses.replace(state, scale=scale)
+        check_state(self._policy, state, names=(scale_name, self.good_steps.name, self.hysteresis_left.name))
 
     def set_state(self, state):
         """Write a :class:`lossscale.core.policy.LossScaleState` into the Parameters (host to device)."""

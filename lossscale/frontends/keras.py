@@ -315,7 +315,7 @@ class _ApplyGradients(nn.Cell):
         if cell is None or not self.core.dynamic:
             return
         try:
-            cell.check_loaded_state()
+            cell.check_loaded_state(scale_name=self.core.scale_value.name)
         except ValueError as error:
             raise ValueError(
                 f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="

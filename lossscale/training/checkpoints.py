@@ -17,8 +17,6 @@ Example:
     (True, True, False)
 """
 
-import dataclasses
-
 import numpy as np
 from mindspore import Tensor, nn
 from mindspore.common import dtype as mstype
@@ -26,13 +24,10 @@ from mindspore.common import dtype as mstype
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import check_int_in_range
-from lossscale.core.adaptive_cell import STATE_PARAMETERS, AdaptiveLossScaleUpdateCell, check_adaptive_state
-from lossscale.core.policy import check_state
+from lossscale.core.adaptive_cell import STATE_PARAMETERS
 from lossscale.core.scaler_state import positive_scale
 from lossscale.core.update_cells import (
     DynamicLossScaleUpdateCell,
-    FixedLossScaleUpdateCell,
-    check_fixed_state,
     mindspore_good_steps,
 )
 from lossscale.training.accumulation import counter
@@ -91,18 +86,10 @@ def check_cell_state(cell):
 
 def _check_rule_state(cell, scale):
     """The update cell's state and the train cell's counters within their ranges (shared checks)."""
-    update_cell = cell.loss_scaling_manager
-    if isinstance(update_cell, DynamicLossScaleUpdateCell):
-        # The scale this cell trains with (an update cell reads the scale of the last train cell it was bound to).
-        state = dataclasses.replace(update_cell.get_state(), scale=scale)
-        check_state(
-            update_cell.policy, state, names=("scale_sense", "loss_scale_good_steps", "loss_scale_hysteresis_left")
-        )
-    elif isinstance(update_cell, AdaptiveLossScaleUpdateCell):
-        state = dataclasses.replace(update_cell.get_state(), scale=scale)
-        check_adaptive_state(update_cell.rule, state, owner="checkpoint")
-    elif isinstance(update_cell, FixedLossScaleUpdateCell):
-        check_fixed_state({"loss_scale": scale}, update_cell.loss_scale_value, name="scale_sense")
+    # The scale this cell trains with (an update cell reads the scale of the last train cell it was bound to).
+    check = getattr(cell.loss_scaling_manager, "check_loaded_state", None)  # lossscale's update cells
+    if check is not None:
+        check(scale, "scale_sense")
     for name, count in cell.overflow_counters().items():
         check_int_in_range(f"loss_scale_{name}", count, low=0, high=INT32_MAX)
     window = _accumulation_of(cell)

@@ -4,7 +4,7 @@ and state, checked before the first step and after a load, and the checks run af
 
 from mindspore import Tensor, nn
 
-from lossscale.core.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell
+from lossscale.core.update_cells import FixedLossScaleUpdateCell
 from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, take_received_state
 
 
@@ -78,6 +78,6 @@ class HostState:
         if self.forensics is not None:
             self.forensics.report(int(self.counters.last_overflow_step.asnumpy()))
         if self.persistent_overflow.active:
-            cell = self.loss_scaling_manager
-            minimum = cell.policy.min_scale if isinstance(cell, DynamicLossScaleUpdateCell) else None
+            policy = self.loss_scaler.policy  # None for a fixed scale or a foreign update cell
+            minimum = None if policy is None else policy.floor
             self.persistent_overflow.check(self.overflow_counters(), scale_used, minimum)

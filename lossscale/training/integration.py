@@ -21,6 +21,7 @@ from mindspore.train import model as _ms_model
 
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._validation import check_bool, check_int_in_range
+from lossscale.core.adaptive import AdaptiveWindowRule
 from lossscale.core.clipping import GlobalNormClip
 from lossscale.core.overflow import make_overflow_check
 from lossscale.core.presets import get_preset
@@ -63,6 +64,8 @@ def _manager_for(wrapper):
     if not wrapper.dynamic:
         return f"FixedLossScaleManager({wrapper.initial_scale!r})"
     policy = wrapper.policy
+    if isinstance(policy, AdaptiveWindowRule):
+        return f"AdaptiveLossScaleManager.from_policy({policy!r})"
     keras = get_preset("tf_keras", init_scale=policy.init_scale, growth_interval=policy.growth_interval)
     if policy == keras:
         return (

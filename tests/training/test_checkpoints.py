@@ -11,6 +11,7 @@ from nets import changed_since, regression_net, snapshot, training_state
 from train_cell_harness import BATCHES, dynamic_cell, run_cell, same_weights, save_cell_checkpoint
 
 from lossscale import (
+    AdaptiveLossScaleUpdateCell,
     DynamicLossScaleManager,
     FixedLossScaleManager,
     FixedLossScaleUpdateCell,
@@ -101,6 +102,12 @@ def _fixed_cell():
     return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02), FixedLossScaleUpdateCell(1024.0))
 
 
+def _adaptive_cell():
+    net = regression_net()
+    update_cell = AdaptiveLossScaleUpdateCell(2.0**10, 2, scale_window=20, max_scale_window=100, min_scale_window=20)
+    return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.02), update_cell)
+
+
 # (cell, Parameter name, value written as a checkpoint load would, message)
 FOREIGN_STATES = [
     (
@@ -133,13 +140,25 @@ FOREIGN_STATES = [
         np.int32(3),
         r"'loss_scale_micro_step' must be an int in \[0, 2\], but got 3\.",
     ),
+    (  # a level of a cell with other window bounds
+        _adaptive_cell,
+        "list_index",
+        np.int32(3),
+        r"'scale_window' must be the window of level 3, 50, but got 20\.",
+    ),
+    (
+        _adaptive_cell,
+        "scale_sense",
+        np.float32(0.5),
+        r"'scale_sense' must be a finite number in \[1\.0, ",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "make, name, value, message",
     FOREIGN_STATES,
-    ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step"],
+    ids=["above_max", "below_min", "good_steps", "fixed_scale_changed", "micro_step", "window", "adaptive_scale"],
 )
 def test_a_loaded_state_outside_the_cells_rule_is_refused_before_the_first_step(make, name, value, message):
     cell = make()

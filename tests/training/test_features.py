@@ -30,6 +30,7 @@ from nets import (
 )
 
 from lossscale import (
+    AdaptiveLossScaleManager,
     DynamicLossScaleManager,
     FixedLossScaleManager,
     FixedLossScaleUpdateCell,
@@ -363,8 +364,16 @@ def test_raise_after_k_consecutive_overflows():
         step(*bad)
 
 
-def test_raise_when_an_overflow_hits_the_minimum_scale():
-    step = _policy_step(manager=_dynamic(init_loss_scale=4.0, min_loss_scale=1.0), overflow_policy="raise")
+@pytest.mark.parametrize(
+    "manager",
+    [
+        lambda: _dynamic(init_loss_scale=4.0, min_loss_scale=1.0),
+        lambda: AdaptiveLossScaleManager(init_loss_scale=4.0),  # MindFormers' rule floors the scale at 1
+    ],
+    ids=["dynamic", "adaptive"],
+)
+def test_raise_when_an_overflow_hits_the_minimum_scale(manager):
+    step = _policy_step(manager=manager(), overflow_policy="raise")
     bad = _tensors(_poisoned(regression_batches(1)[0]))
     for _ in range(2):
         step(*bad)  # 4 -> 2 -> 1

@@ -455,8 +455,8 @@ def test_mindspore_functional_loop_translates_to_grad_scaler_with_the_mindspore_
 
 def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_that_trains_alike():
     """Keras' model.compile(optimizer=LossScaleOptimizer(opt)): Keras' fit scales for the wrapper, MindSpore's Model
-    through loss_scale_manager. Refused (it was MindSpore's "The type of 'optimizer' should be one of ..."), and the
-    translation the error gives trains as the wrapper does in a tf.keras-style step: same skips and scales."""
+    through loss_scale_manager. Refused with the translation (not MindSpore's "The type of 'optimizer' should be one
+    of ..."), which trains as the wrapper does in a tf.keras-style step: same skips and scales."""
     x, x_bad, y = _classification_data_with_inf()
     net = nn.Dense(8, 2, weight_init="zeros", bias_init="zeros")
     wrapper = LossScaleOptimizer(
@@ -476,6 +476,9 @@ def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_t
         )
     with pytest.raises(TypeError, match=re.escape(f"DynamicLossScaleManager.from_policy({get_preset('keras')!r})")):
         Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy="keras"))
+    adaptive = get_preset("mindformers")
+    with pytest.raises(TypeError, match=re.escape(f"AdaptiveLossScaleManager.from_policy({adaptive!r})")):
+        Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy=adaptive))
 
     manager = DynamicLossScaleManager.from_policy(get_preset("tf_keras", init_scale=1024.0, growth_interval=3))
     model = Model(net, _loss_fn(), wrapper.inner_optimizer, loss_scale_manager=manager)
