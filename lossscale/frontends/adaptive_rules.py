@@ -33,11 +33,6 @@ def is_adaptive(rule):
     return isinstance(rule, AdaptiveWindowRule)
 
 
-def tracker_key(spelling):
-    """The key of the clean steps counted toward the next growth."""
-    return "incr_count" if spelling is PADDLE else "_growth_tracker"
-
-
 def fixed_window_view(state, rule):
     """``(LossScaleState, LossScalePolicy)``: ``state`` of ``rule`` seen as a fixed-window rule now, whose window is
     the current one; what the framework's own keys of a state dict hold."""
@@ -95,9 +90,8 @@ def parse_adaptive_state(spelling, values, current):
             f"'state_dict[{window_key!r}]' must be the window of level {level} (state_dict['list_index']), "
             f"{window}, but got {values[window_key]!r}."
         )
-    good = check_int_in_range(
-        f"state_dict[{tracker_key(spelling)!r}]", values[tracker_key(spelling)], low=0, high=window - 1
-    )
+    tracker = spelling.counter_keys[0]
+    good = check_int_in_range(f"state_dict[{tracker!r}]", values[tracker], low=0, high=window - 1)
     counters = [values[key] for key in ("window_up_count", "window_down_count")]
     state = AdaptiveState(float(scale), window, level, *counters, step=good + 1, last_step=0)
     return dataclasses.replace(current, init_scale=float(scale)), check_adaptive_state(current, state)

@@ -159,9 +159,7 @@ def parse_state(state_dict, current):
         rule["hysteresis"] = values[spelling.name_of("hysteresis")]
         rule.update(_loaded_hysteresis_flags(values, rule["hysteresis"], current))
     policy = framework_rule(rule, spelling, current, {"init_scale": "state_dict['scale']"})
-    good_key, bad_key = (
-        ("incr_count", "decr_count") if spelling is PADDLE else ("_growth_tracker", "_hysteresis_tracker")
-    )
+    good_key, bad_key = spelling.counter_keys
     good = check_int_in_range(f"state_dict[{good_key!r}]", values[good_key], low=0, high=policy.growth_interval - 1)
     bad = check_int_in_range(f"state_dict[{bad_key!r}]", values.get(bad_key, 0), low=0, high=policy.hysteresis - 1)
     dynamic = (

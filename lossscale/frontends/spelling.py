@@ -33,6 +33,8 @@ class Spelling:
         fields (Mapping): rule field -> the framework's name for it (arguments, errors, state keys).
         enabled (str): the argument that turns scaling on or off.
         state_keys (tuple): the keys its ``state_dict()`` always has.
+        counter_keys (tuple): the state keys of the clean steps toward a growth and of the bad steps toward a
+            backoff (PyTorch's second, ``_hysteresis_tracker``, is lossscale's, for a rule with hysteresis).
         accessors (Mapping): ``get_<name>``/``set_<name>`` accessor name -> rule field.
         empty_state (str): its error for an empty state dict in ``load_state_dict``.
     """
@@ -43,6 +45,7 @@ class Spelling:
     fields: MappingProxyType
     enabled: str
     state_keys: tuple
+    counter_keys: tuple
     accessors: MappingProxyType
     empty_state: str
 
@@ -110,6 +113,7 @@ PADDLE = Spelling(
         "decr_count",
         "use_dynamic_loss_scaling",
     ),
+    counter_keys=("incr_count", "decr_count"),
     accessors=MappingProxyType(
         {
             "init_loss_scaling": "init_scale",
@@ -136,6 +140,7 @@ TORCH = Spelling(
     fields=MappingProxyType({field: field for field in RULE_FIELDS}),
     enabled="enabled",
     state_keys=("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"),
+    counter_keys=("_growth_tracker", "_hysteresis_tracker"),
     accessors=MappingProxyType(
         {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor", "growth_interval": "growth_interval"}
     ),
