@@ -23,7 +23,8 @@ class ScalerPersistence:
     """``get_state``, ``state_dict``, ``load_state_dict`` and pickling of a GradScaler."""
 
     def get_state(self):
-        """The rule's state (:class:`lossscale.core.policy.LossScaleState`), read from the device."""
+        """The rule's state, read from the device: a :class:`lossscale.core.policy.LossScaleState`, or for
+        MindFormers' adaptive window an :class:`lossscale.core.adaptive.AdaptiveState`."""
         self._host_only("get_state()")
         if not self._enabled:
             return LossScaleState(scale=1.0)
@@ -35,8 +36,9 @@ class ScalerPersistence:
         PyTorch's ``scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``_growth_tracker``.
 
         A rule whose hysteresis works unlike the framework's (a ``policy`` such as Megatron's) adds its keys
-        (:mod:`lossscale.frontends.rules`), so that a round trip keeps them; the frameworks' own
-        ``load_state_dict`` ignore keys they do not know."""
+        (:mod:`lossscale.frontends.rules`), so that a round trip keeps them, and MindFormers' adaptive window adds
+        its window state (:mod:`lossscale.frontends.adaptive_rules`); the frameworks' own ``load_state_dict``
+        ignore keys they do not know."""
         self._host_only("state_dict()")
         if not self._enabled:
             return {}
