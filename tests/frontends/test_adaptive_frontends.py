@@ -5,6 +5,7 @@ resume from them exactly; what cannot hold the rule is refused, nothing changed.
 
 import pickle
 
+import mindspore as ms
 import numpy as np
 import pytest
 from grad_scaler_harness import scaled_grad_fn
@@ -31,6 +32,11 @@ def _rule(**overrides):
 
 def _scaler(spelling, **overrides):
     return SPELLINGS[spelling].from_preset("mindformers", **dict(RULE, **overrides))
+
+
+def _at(scaler, state):
+    """Put ``scaler`` in ``state`` (an AdaptiveState), as its steps would (host writes of its Parameters)."""
+    scaler._core.update_cell.set_state(state)
 
 
 class _Run:
@@ -78,12 +84,32 @@ def test_grad_scaler_follows_the_rule_step_for_step(spelling, compiled):
     assert (window, scaler.get_backoff_factor(), scaler.get_decr_every_n_nan_or_inf()) == (expected[-1].window, 0.5, 1)
 
 
+@pytest.mark.filterwarnings("ignore:LossScaleOptimizer applied gradients without")  # given as computed
+def test_compiled_reads_follow_the_window_and_the_counter():
+    """Inside mindspore.jit the window getter and LossScaleOptimizer's ``dynamic_counter`` are graph reads: a
+    function compiled once sees the window and the count move (eagerly they are Python ints)."""
+    scaler = _scaler("torch")
+    _, opt = _wrapped(_rule())
+
+    def values(one):
+        return one * scaler.get_growth_interval(), one * opt.dynamic_growth_steps, one * opt.dynamic_counter
+
+    compiled = ms.jit(values)
+    expected = run_adaptive(_rule(), FLAGS[:10])  # up a level, then down to the hidden level: windows 3, then 1
+    for flag, state in zip(FLAGS[:10], expected):
+        _at(scaler, state)  # the GradScaler's steps are tested above; its Parameters moved here directly
+        opt(_gradients(opt.inner_optimizer.parameters, flag))
+        reads = [int(value.asnumpy()) for value in compiled(Tensor(1, ms.int32))]
+        assert reads == [state.window, state.window, state.good_steps]
+    assert (scaler.get_growth_interval(), opt.dynamic_counter) == (1, expected[-1].good_steps)
+
+
 def test_state_dicts_hold_the_window_state_in_each_format():
     rule = _rule()
     state = run_adaptive(rule, FLAGS[:10])[-1]  # three back-offs to the hidden level, then a growth there
     torch_scaler, paddle_scaler = _scaler("torch"), _scaler("paddle")
     for scaler in (torch_scaler, paddle_scaler):
-        scaler._core.update_cell.set_state(state)
+        _at(scaler, state)
     window_keys = dict(max_scale_window=8, min_scale_window=2, list_index=-1, window_up_count=1, window_down_count=0)
     assert torch_scaler.state_dict() == dict(
         scale=state.scale, growth_factor=2.0, backoff_factor=0.5, growth_interval=1, _growth_tracker=0, **window_keys
@@ -145,7 +171,7 @@ REFUSED_STATES = {  # what is loaded, from the scaler's own state dict: error
 def test_a_state_of_another_rule_is_refused_and_nothing_changes(case):
     loaded, error = REFUSED_STATES[case]
     scaler = _scaler("torch")
-    _Run(scaler, compiled=False).run(FLAGS[:3])
+    _at(scaler, run_adaptive(_rule(), FLAGS[:3])[-1])
     before = scaler.state_dict()
     with pytest.raises(ValueError, match=error):
         scaler.load_state_dict(loaded(before))
@@ -161,7 +187,7 @@ def test_a_window_state_is_refused_by_a_fixed_window_scaler():
 
 def test_setters_change_the_initial_scale_only():
     scaler = _scaler("paddle")
-    _Run(scaler, compiled=False).run(FLAGS[:5])
+    _at(scaler, run_adaptive(_rule(), FLAGS[:5])[-1])
     counters = scaler.get_state()
     scaler.set_init_loss_scaling(64.0)
     assert scaler.get_state() == type(counters)(**dict(vars(counters), scale=64.0))
@@ -183,8 +209,8 @@ def test_a_fixed_adaptive_scaler_is_refused():
         PaddleGradScaler(policy=_rule(), use_dynamic_loss_scaling=False)
 
 
-def _gradients(net, flag):
-    return tuple(Tensor(np.full(p.shape, np.inf if flag else 0.01, np.float32)) for p in net.trainable_params())
+def _gradients(parameters, flag):
+    return tuple(Tensor(np.full(p.shape, np.inf if flag else 0.01, np.float32)) for p in parameters)
 
 
 def _wrapped(rule):
@@ -205,14 +231,14 @@ def test_loss_scale_optimizer_follows_the_rule_and_resumes(compiled):
     expected = run_adaptive(rule, FLAGS)
     for flag, state in zip(FLAGS[:10], expected):
         before = training_state(net)
-        assert bool(apply(_gradients(net, flag)).asnumpy()) == flag
+        assert bool(apply(_gradients(net.trainable_params(), flag)).asnumpy()) == flag
         assert (changed_since(before, net) == []) == flag
         assert float(opt.loss_scale.asnumpy()) == state.scale
     resumed_net, resumed = _wrapped(rule)
     resumed.load_state_dict(opt.state_dict())
     for flag in FLAGS[10:]:
-        opt(_gradients(net, flag))
-        resumed(_gradients(resumed_net, flag))
+        opt(_gradients(net.trainable_params(), flag))
+        resumed(_gradients(resumed_net.trainable_params(), flag))
     assert (
         opt.state_dict()
         == resumed.state_dict()

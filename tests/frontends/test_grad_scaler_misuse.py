@@ -127,8 +127,29 @@ MISUSES = [
 ]
 
 
+# Compiled, these refusals run the same graph code as eagerly (an eager call runs its compiled graph part), at
+# about 4 s each: the slow tier runs them; the README's tier keeps the compiled cases whose records differ.
+SLOW_WHEN_COMPILED = {
+    "dropped_returned_gradients",
+    "mismatched_keys",
+    "unscale_twice",
+    "step_twice",
+    "unscale_after_step",
+}
+MISUSE_CASES = [
+    pytest.param(
+        compiled,
+        misuse,
+        marks=[pytest.mark.slow] if compiled and misuse in SLOW_WHEN_COMPILED else [],
+        id=f"{'jit' if compiled else 'eager'}-{misuse}",
+    )
+    for compiled in (False, True)
+    for misuse in MISUSES
+]
+
+
 @pytest.mark.lowest
-@pytest.mark.parametrize("misuse", MISUSES)
+@pytest.mark.parametrize("compiled, misuse", MISUSE_CASES)
 def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     scaler = GradScaler("cuda", init_scale=1024.0)
     net = regression_net()
