@@ -1,11 +1,12 @@
 """Shared pieces of the GradScaler tests: the regression network's batches and gradients through a scaler,
 PyTorch's ``_run_scaling_case`` steps (a scaled step, one clipped after a separate unscale_, and the control step
-without scaling) and the comparison of training states."""
+without scaling), the comparison of training states, and a network trained by ``minimize`` with overflows injected
+by flag (:class:`MinimizeRun`)."""
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
-from nets import regression_batches, regression_net, training_state
+from nets import changed_since, jit_if, regression_batches, regression_net, training_state, with_inf
 
 from lossscale import GradScaler
 
@@ -114,3 +115,29 @@ def control_step(net, opt, clip=None):
 
 def sgd(params):
     return nn.SGD(params, learning_rate=0.05)
+
+
+class MinimizeRun:
+    """A regression network trained by ``scaler.minimize`` (eagerly or compiled), overflows injected by flag."""
+
+    def __init__(self, scaler, compiled):
+        self.scaler, self.net = scaler, regression_net()
+        opt = sgd(self.net.trainable_params())
+        grad_fn = scaled_grad_fn(scaler, self.net, opt)
+
+        def train_step(x, y):
+            _, grads = grad_fn(x, y)
+            return scaler.minimize(opt, grads)
+
+        self.step = jit_if(compiled, train_step)
+
+    def run(self, flags, seed=1):
+        """The scale after each step; asserts each skip decision and that a skipped step changed nothing."""
+        scales = []
+        for flag, (x, y) in zip(flags, regression_batches(len(flags), seed=seed)):
+            before = training_state(self.net)
+            skipped = self.step(Tensor(with_inf(x) if flag else x), Tensor(y))
+            assert bool(skipped.asnumpy()) == flag
+            assert (changed_since(before, self.net) == []) == flag
+            scales.append(self.scaler.get_scale())
+        return scales

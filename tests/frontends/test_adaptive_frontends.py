@@ -8,9 +8,9 @@ import pickle
 import mindspore as ms
 import numpy as np
 import pytest
-from grad_scaler_harness import scaled_grad_fn
+from grad_scaler_harness import MinimizeRun
 from mindspore import Tensor, nn
-from nets import changed_since, jit_if, regression_batches, regression_net, training_state, with_inf
+from nets import changed_since, jit_if, training_state
 
 from lossscale import LossScaleOptimizer, get_preset
 from lossscale.core.adaptive import run_adaptive
@@ -39,32 +39,6 @@ def _at(scaler, state):
     scaler._core.update_cell.set_state(state)
 
 
-class _Run:
-    """A regression network trained by ``scaler.minimize`` (eagerly or compiled), overflows injected by flag."""
-
-    def __init__(self, scaler, compiled):
-        self.scaler, self.net = scaler, regression_net()
-        opt = nn.SGD(self.net.trainable_params(), 0.05)
-        grad_fn = scaled_grad_fn(scaler, self.net, opt)
-
-        def train_step(x, y):
-            _, grads = grad_fn(x, y)
-            return scaler.minimize(opt, grads)
-
-        self.step = jit_if(compiled, train_step)
-
-    def run(self, flags, seed=1):
-        """The scale after each step; asserts each skip decision and that a skipped step changed nothing."""
-        scales = []
-        for flag, (x, y) in zip(flags, regression_batches(len(flags), seed=seed)):
-            before = training_state(self.net)
-            skipped = self.step(Tensor(with_inf(x) if flag else x), Tensor(y))
-            assert bool(skipped.asnumpy()) == flag
-            assert (changed_since(before, self.net) == []) == flag
-            scales.append(self.scaler.get_scale())
-        return scales
-
-
 @pytest.mark.parametrize(
     "spelling, compiled",
     [
@@ -78,7 +52,7 @@ class _Run:
 def test_grad_scaler_follows_the_rule_step_for_step(spelling, compiled):
     scaler = _scaler(spelling)
     expected = run_adaptive(_rule(), FLAGS)
-    assert _Run(scaler, compiled).run(FLAGS) == [state.scale for state in expected]
+    assert MinimizeRun(scaler, compiled).run(FLAGS) == [state.scale for state in expected]
     assert scaler.get_state() == expected[-1]
     window = scaler.get_incr_every_n_steps() if spelling == "paddle" else scaler.get_growth_interval()
     assert (window, scaler.get_backoff_factor(), scaler.get_decr_every_n_nan_or_inf()) == (expected[-1].window, 0.5, 1)
@@ -133,20 +107,20 @@ def test_state_dicts_hold_the_window_state_in_each_format():
     [("torch", "torch"), pytest.param("paddle", "paddle", marks=SLOW), pytest.param("torch", "paddle", marks=SLOW)],
 )
 def test_a_resumed_scaler_continues_step_for_step(saver, loader):
-    first = _Run(_scaler(saver), compiled=False)
+    first = MinimizeRun(_scaler(saver), compiled=False)
     first.run(FLAGS[:10])
     resumed = _scaler(loader)
     resumed.load_state_dict(first.scaler.state_dict())
     assert resumed.get_scale() == first.scaler.get_scale()
     rest = FLAGS[10:]
-    assert _Run(resumed, compiled=False).run(rest, seed=2) == first.run(rest, seed=2)
+    assert MinimizeRun(resumed, compiled=False).run(rest, seed=2) == first.run(rest, seed=2)
     assert [s.scale for s in run_adaptive(_rule(), FLAGS)][-1] == resumed.get_scale()
 
 
 @pytest.mark.slow
 def test_a_pickled_scaler_keeps_its_rule_and_state():
     scaler = _scaler("paddle")
-    _Run(scaler, compiled=False).run(FLAGS[:9])
+    MinimizeRun(scaler, compiled=False).run(FLAGS[:9])
     restored = pickle.loads(pickle.dumps(scaler))
     assert restored.state_dict().keys() == scaler.state_dict().keys()
     assert restored.get_scale() == scaler.get_scale() and restored._policy == scaler._policy
