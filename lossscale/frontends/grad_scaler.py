@@ -60,7 +60,7 @@ import dataclasses
 import inspect
 
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core import overflow as _overflow
@@ -218,21 +218,28 @@ class GradScaler(ScalerPersistence):
         """Return ``grads`` divided by the scale (in float32) and record whether any is inf/nan.
 
         Call at most once per optimizer per iteration, before anything that needs the true
-        gradients (clipping), and pass what it returns to ``step``: MindSpore gradients are
-        values, so unlike PyTorch's ``unscale_(optimizer)`` it cannot change them in place.
-        ``key``: an int or str naming the optimizer, for several optimizers whose parameters
-        have the same shapes; by default the gradients' shapes identify it. ``None`` entries pass
-        through (PyTorch skips parameters without a gradient).
+        gradients (clipping), and pass what it returns to ``step``. Called from Python, the given
+        gradient Tensors are unscaled in place too, as PyTorch's ``unscale_(optimizer)`` does, so
+        PyTorch's recipes written with the result dropped (``scaler.unscale_(grads)``, then
+        ``clip_grad_value_``'s ``ops.clip_by_value`` on ``grads``) train as written. Inside
+        ``mindspore.jit`` Tensors are values and cannot change: there only the returned gradients
+        are unscaled (``grads = scaler.unscale_(grads)``, then clip those). ``key``: an int or str
+        naming the optimizer, for several optimizers whose parameters have the same shapes; by
+        default the gradients' shapes identify it. ``None`` entries pass through (PyTorch skips
+        parameters without a gradient).
         """
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return grads
-        grads = self._graph_values(grads)
+        given, grads = grads, self._graph_values(grads)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         unscaled, stage = self._run(self._iteration.unscale_and_record, grads, slot, structure)
         # Reading the result reports a refusal (graphs run asynchronously) and waits for the record.
-        return ops.depend(unscaled, self._states.refuse_unscale(stage))
+        unscaled = ops.depend(unscaled, self._states.refuse_unscale(stage))
+        if outside_graph(self._states.table):
+            _unscale_in_place(given, unscaled)
+        return unscaled
 
     def _graph_values(self, grads):
         """``grads`` as values computed by the graph when they are constants: a plain tuple of Tensors given to a
@@ -385,6 +392,14 @@ class GradScaler(ScalerPersistence):
                 state = dataclasses.replace(self.get_state(), scale=policy.init_scale)
             self._core.set_rule(policy, state)
         self._policy = policy
+
+
+def _unscale_in_place(given, unscaled):
+    """From Python, after a successful ``unscale_``: each given gradient Tensor takes the unscaled values (a swap of
+    buffers, no copy), as PyTorch's ``unscale_`` changes ``.grad``. Parameters given as gradients are left alone."""
+    for grad, value in zip(given, unscaled):
+        if isinstance(grad, Tensor) and not isinstance(grad, Parameter) and grad is not value:
+            grad.assign_value(value)
 
 
 @ms.jit_class

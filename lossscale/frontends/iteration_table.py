@@ -106,17 +106,18 @@ class IterationTableHost:
             )
         if code == SCALED_GRADIENTS:
             raise RuntimeError(
-                "step() got the scaled gradients that unscale_() was given for this optimizer. In "
-                "MindSpore unscale_() cannot change gradients in place: pass the gradients it "
+                "step() got the scaled gradients that unscale_() was given for this optimizer. Inside "
+                "mindspore.jit unscale_() cannot change gradients in place: pass the gradients it "
                 "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads)."
             )
         if code == LARGER_THAN_UNSCALED:
             raise RuntimeError(
                 "step() got gradients with a larger global norm than the ones unscale_() returned for "
                 "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
-                "given them? In MindSpore unscale_() cannot change gradients in place: clip the "
-                "gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
-                "then grads = ops.clip_by_global_norm(grads, max_norm). Between unscale_() and step() "
+                "given them? Inside mindspore.jit unscale_() cannot change gradients in place: clip "
+                "the gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
+                "then grads = ops.clip_by_global_norm(grads, max_norm) (PyTorch's clip_grad_value_: "
+                "grads = tuple(ops.clip_by_value(g, -v, v) for g in grads)). Between unscale_() and step() "
                 "only changes that do not raise the norm are accepted: to add to the gradients on "
                 "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay."
             )

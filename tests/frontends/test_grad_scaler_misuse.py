@@ -136,6 +136,13 @@ SLOW_WHEN_COMPILED = {
     "step_twice",
     "unscale_after_step",
 }
+# PyTorch's in-place habit (the result of unscale_ dropped): called from Python, unscale_ unscales the given Tensors
+# in place, so these train as written (test_pytorch_in_place_habit_trains_as_written_from_python).
+IN_PLACE_HABITS = {
+    "dropped_returned_gradients",
+    "dropped_returned_gradients_then_clipped",
+    "dropped_returned_gradients_then_clamped",
+}
 MISUSE_CASES = [
     pytest.param(
         compiled,
@@ -145,6 +152,7 @@ MISUSE_CASES = [
     )
     for compiled in (False, True)
     for misuse in MISUSES
+    if compiled or misuse not in IN_PLACE_HABITS
 ]
 
 
@@ -163,6 +171,33 @@ def test_misuse_is_refused_before_any_wrong_update(compiled, misuse):
     applied = changed_since(before, net) != []
     assert applied == misuse.startswith(("step_twice", "unscale_after_step"))  # the first step was right
     assert scaler.get_scale() == 1024.0
+
+
+# What PyTorch's recipes do between unscale_ and step, on the gradients unscale_ was given.
+BETWEEN_UNSCALE_AND_STEP = {
+    "nothing": lambda grads: grads,
+    "clip_by_global_norm_10": lambda grads: ops.clip_by_global_norm(grads, 10.0),
+    "clip_grad_value_1": lambda grads: tuple(ops.clip_by_value(g, -1.0, 1.0) for g in grads),
+    # Below every true gradient: the clamped scaled gradients would pass every record inside mindspore.jit.
+    "clip_grad_value_1e-3": lambda grads: tuple(ops.clip_by_value(g, -1e-3, 1e-3) for g in grads),
+}
+
+
+@pytest.mark.parametrize("change", BETWEEN_UNSCALE_AND_STEP)
+def test_pytorch_in_place_habit_trains_as_written_from_python(change):
+    """PyTorch's recipes (clip_grad_value_ among them) with the result of unscale_ dropped: called from Python the
+    given Tensors are unscaled in place, so each trains step for step as the recipe that keeps the result."""
+    change = BETWEEN_UNSCALE_AND_STEP[change]
+    nets = []
+    for keep_result in (False, True):
+        scaler, net, opt, grad_fn = pytorch_sgd_setup(init_scale=1024.0)
+        for x, y in tensor_batches(3):
+            _, grads = grad_fn(x, y)
+            unscaled = scaler.unscale_(grads)
+            assert not bool(scaler.step(opt, change(unscaled if keep_result else grads)).asnumpy())
+            scaler.update()
+        nets.append(net)
+    same_training_state(nets[1], nets[0])
 
 
 @pytest.mark.slow
@@ -372,13 +407,14 @@ def test_gradients_raised_beyond_the_norm_slack_after_unscale_are_refused(compil
 
 
 @pytest.mark.slow
-def test_scaled_float64_gradients_after_unscale_are_refused(compiled):
-    """Their fingerprint was 0, so the refusal never fired and S-times gradients were applied."""
+def test_scaled_float64_gradients_after_unscale_are_refused_inside_jit():
+    """Their fingerprint was 0, so the refusal never fired and S-times gradients were applied. (From Python, unscale_
+    unscales the given Tensors in place: the habit trains as written there.)"""
     scaler = GradScaler("cuda", init_scale=1024.0)
     net = Float64Regression()
     opt = PlainSGD(0.05, net.trainable_params())
     function, pattern = _misuse_cases(scaler, opt, scaled_grad_fn(scaler, net, opt))["dropped_returned_gradients"]
-    function = jit_if(compiled, function)
+    function = ms.jit(function)
     rng = np.random.RandomState(0)
     before = training_state(net)
     with pytest.raises(RuntimeError, match=pattern):
@@ -418,7 +454,7 @@ def test_a_refused_step_of_a_fixed_paddle_scaler_leaves_its_iteration_open(compi
     opt, control_opt = sgd(net.trainable_params()), sgd(control_net.trainable_params())
     x, y = tensor_batches(1)[0]
     _, scaled = scaled_grad_fn(scaler, net, opt)(x, y)
-    unscaled = scaler.unscale_(scaled)
+    scaled, unscaled = tuple(Tensor(g.asnumpy()) for g in scaled), scaler.unscale_(scaled)  # a copy: unscaled in place
 
     def refused_step(grads):
         return scaler.step(opt, grads)
@@ -742,7 +778,7 @@ def test_an_optimizer_step_cannot_use_is_refused_by_name_before_anything_is_reco
     )  # the same iteration's step is not refused as a second one
 
 
-@pytest.mark.parametrize("misuse", MISUSES)
+@pytest.mark.parametrize("misuse", [misuse for misuse in MISUSES if misuse not in IN_PLACE_HABITS])
 @pytest.mark.slow
 def test_an_eager_refusal_leaves_the_scaler_usable(misuse):
     """A misuse called from Python raises there, and the next iteration trains as the control: the compiled calls
