@@ -19,7 +19,10 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from nets import jit_if, regression_net
 
+from conftest import UpdateCellDriver
 from lossscale import (
+    AdaptiveLossScaleManager,
+    AdaptiveLossScaleUpdateCell,
     DynamicLossScaleManager,
     DynamicLossScaleUpdateCell,
     FixedLossScaleManager,
@@ -46,7 +49,7 @@ from lossscale.frontends.optimizer_states import OptimizerStates
 NAN, INF = float("nan"), float("inf")
 WRONG_TYPES = [None, "1", True, [1.0]]
 # Values that no scale accepts: not finite, not > 0, 0 in float32 (1e-46), infinite reciprocal (1e-45), > float32 max.
-BAD_SCALES = WRONG_TYPES + [NAN, INF, -INF, 0.0, -1.0, 1e-46, 1e-45, 1e39]
+BAD_SCALES = WRONG_TYPES + [NAN, INF, -INF, 0.0, -1.0, 1e-46, 1e-45, 2.9e-39, 1e39]
 BAD_GROWTH = WRONG_TYPES + [NAN, INF, 1.0, 0.5, 0.0, -2.0, 1.00000001, 1e39]
 BAD_BACKOFF = WRONG_TYPES + [NAN, INF, 0.0, 1.0, 1.5, -0.5, 1e-50]
 BAD_COUNTS = [None, "2", True, 1.5, [2], NAN, 0, -1, 2**31]
@@ -301,6 +304,21 @@ CELL = {
 @pytest.mark.parametrize("name, value", _sweep(CELL), ids=_ids(_sweep(CELL)))
 def test_train_cell(name, value):
     _refused(lambda: _cell(**{name: value}), name, value, shown=not isinstance(value, (Tensor, nn.Cell, type)))
+
+
+DYNAMIC_UPDATE_CELLS = {
+    "lossscale": lambda: DynamicLossScaleUpdateCell(8.0, 2, 100),
+    "adaptive": lambda: AdaptiveLossScaleUpdateCell(8.0, 2, 20),
+    "mindspore": lambda: nn.DynamicLossScaleUpdateCell(8.0, 2, 100),
+}
+
+
+@pytest.mark.parametrize("make", DYNAMIC_UPDATE_CELLS.values(), ids=DYNAMIC_UPDATE_CELLS)
+def test_applying_every_step_with_a_dynamic_rule_is_refused(make):
+    """drop_overflow_update=False applies overflowing steps (the weights become inf) while the rule backs off for
+    them: no use, so refused (a fixed scale applied every step is MindSpore's recipe)."""
+    message = _refused(lambda: _cell(scale_sense=make(), drop_overflow_update=False), "drop_overflow_update", False)
+    assert "FixedLossScaleManager(S, drop_overflow_update=False)" in message
 
 
 @pytest.mark.parametrize(
@@ -789,7 +807,12 @@ def test_every_refused_backoff_states_the_open_range(make, name):
         assert "in (0.0, 1.0), but got" in message, message
 
 
-KERAS = {"dynamic": BAD_FLAGS, "initial_scale": BAD_SCALES[1:], "dynamic_growth_steps": BAD_COUNTS[1:]}
+KERAS = {
+    "dynamic": BAD_FLAGS,
+    "initial_scale": BAD_SCALES[1:],
+    "dynamic_growth_steps": BAD_COUNTS[1:],
+    "policy": [3, 2.0, True, "bogus", {"init_scale": 8.0}],
+}
 
 
 @pytest.mark.parametrize("name, value", _sweep(KERAS), ids=_ids(_sweep(KERAS)))
@@ -798,6 +821,43 @@ def test_loss_scale_optimizer(name, value):
     with pytest.raises(ValueError) as refused:  # Keras raises ValueError for every invalid argument
         LossScaleOptimizer(optimizer, **{name: value})
     assert name in str(refused.value)
+
+
+# MindFormers' adaptive window, by the manager's names (the initial scale is the cell's loss_scale_value, the rule's
+# and the presets' init_scale). A scale below 1, a window that int32 cannot hold, a factor of 1 in float32.
+ADAPTIVE = {
+    "init_loss_scale": BAD_SCALES + [0.5],
+    "scale_factor": BAD_GROWTH,
+    "scale_window": [None, "20", True, 1.5, -1, 2**31],
+    "max_scale_window": BAD_COUNTS,
+    "min_scale_window": BAD_COUNTS,
+}
+ADAPTIVE_BUILDERS = {
+    "manager": ("init_loss_scale", lambda **arguments: AdaptiveLossScaleManager(**arguments)),
+    "update_cell": (
+        "loss_scale_value",
+        lambda **arguments: AdaptiveLossScaleUpdateCell(
+            **dict(dict(loss_scale_value=8.0, scale_factor=2, scale_window=20), **arguments)
+        ),
+    ),
+    "get_preset": ("init_scale", lambda **arguments: get_preset("mindformers", **arguments)),
+    "from_preset": ("init_scale", lambda **arguments: TorchGradScaler.from_preset("mindformers", **arguments)),
+}
+
+
+@pytest.mark.parametrize("builder", ADAPTIVE_BUILDERS)
+@pytest.mark.parametrize("name, value", _sweep(ADAPTIVE), ids=_ids(_sweep(ADAPTIVE)))
+def test_adaptive_window(builder, name, value):
+    init_name, build = ADAPTIVE_BUILDERS[builder]
+    name = init_name if name == "init_loss_scale" else name
+    _refused(lambda: build(**{name: value}), name, value)
+
+
+def test_adaptive_numbers_of_other_types_are_the_floats_they_stand_for():
+    """A Fraction (or NumPy) factor is the float it stands for: MindSpore's Tensor constructor took no Fraction."""
+    cell = AdaptiveLossScaleUpdateCell(np.float64(1024), fractions.Fraction(4, 1), 20)
+    assert (cell.rule.init_scale, cell.rule.scale_factor, cell.rule_value("backoff_factor")) == (1024.0, 4.0, 0.25)
+    assert UpdateCellDriver(cell).run([True, False]) == [256.0, 256.0]
 
 
 MONITOR = {"csv_path": [True, 3, 1.5], "print_summary": BAD_FLAGS, "stream": ["stdout", 3]}

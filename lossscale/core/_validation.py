@@ -67,6 +67,13 @@ def check_int_in_range(name, value, *, low, high=2**31 - 1):
     return int(value)
 
 
+def refuse_float32_degenerate(name, value, degenerate, how):
+    """The device computes in float32: ``ValueError`` for a value that is valid as a Python float but ``degenerate``
+    there (``how`` says why: "rounds to 1.0", ...)."""
+    if degenerate:
+        raise ValueError(f"'{name}' is {value!r}, which in float32 (the device's arithmetic) {how}.")
+
+
 def positive_float32(name, value):
     """``value`` (a real number) as a float32 NumPy scalar that is finite, > 0 and has a finite reciprocal;
     else ``ValueError`` naming ``name`` (1e-46 is 0 in float32; 1e-45 is > 0 but 1/S is inf).
@@ -80,8 +87,8 @@ def positive_float32(name, value):
         reciprocal = np.float32(1.0) / scale
     if not (np.isfinite(scale) and scale > 0 and np.isfinite(reciprocal)):
         raise ValueError(
-            f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite "
-            f"(about [2.9e-39, 3.4e38]), but got {value!r}."
+            f"'{name}' must be a finite float32 number > 0 whose reciprocal is finite, in [2.94e-39, 3.4e38], "
+            f"but got {value!r}."
         )
     return scale
 

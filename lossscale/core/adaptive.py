@@ -43,7 +43,13 @@ from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from lossscale.core._validation import FLOAT32_MAX, check_finite_in_range
+from lossscale.core._validation import (
+    FLOAT32_MAX,
+    INT32_MAX,
+    check_finite_in_range,
+    check_int_in_range,
+    refuse_float32_degenerate,
+)
 
 HIDDEN = -1  # the level of the window of 1, below the lowest level
 WINDOW_INTERVAL, WINDOW_FACTOR = 100, 2  # MindFormers' constants for the levels
@@ -75,12 +81,10 @@ def window_levels(max_scale_window, min_scale_window):
 
 
 def _check_window_bounds(max_scale_window, min_scale_window):
-    """MindFormers' conditions, as errors naming the argument: both ints, > 0, and max > min."""
+    """MindFormers' conditions, as errors naming the argument: both ints, > 0, and max > min; and what the device
+    holds: int32 windows (a larger one would wrap to a negative window)."""
     for name, value in (("max_scale_window", max_scale_window), ("min_scale_window", min_scale_window)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"'{name}' must be an int, but got {value!r} of type {type(value).__name__}.")
-        if value <= 0:
-            raise ValueError(f"'{name}' must be > 0, but got {value}.")
+        check_int_in_range(name, value, low=1, high=INT32_MAX)
     if max_scale_window <= min_scale_window:
         raise ValueError(
             f"'max_scale_window' must be larger than 'min_scale_window', but got {max_scale_window} <= "
@@ -101,10 +105,16 @@ class AdaptiveState:
     last_step: int = 0
 
     @property
+    def growth_interval(self):
+        """The window as a count of steps: a window of 0 (MindFormers' levels of a ``max_scale_window`` between 101
+        and 199 include one) grows at every step, as a window of 1 does."""
+        return max(self.window, 1)
+
+    @property
     def good_steps(self):
         """Steps since the last growth or overflow (PyTorch's ``_growth_tracker``): the rule grows at the
-        ``window``-th. Only the difference of the two step numbers matters to the rule."""
-        return min(self.step - self.last_step - 1, self.window - 1)
+        ``growth_interval``-th. Only the difference of the two step numbers matters to the rule."""
+        return min(self.step - self.last_step - 1, self.growth_interval - 1)
 
 
 @dataclass(frozen=True)
@@ -127,8 +137,11 @@ class AdaptiveWindowRule:
     levels: Tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self):
-        check_finite_in_range("init_scale", self.init_scale, low=1.0)
-        check_finite_in_range("scale_factor", self.scale_factor, low=1.0, low_inclusive=False)
+        object.__setattr__(self, "init_scale", check_finite_in_range("init_scale", self.init_scale, low=1.0))
+        factor = check_finite_in_range("scale_factor", self.scale_factor, low=1.0, low_inclusive=False)
+        refuse_float32_degenerate("scale_factor", factor, _F32(factor) <= 1.0, "rounds to 1.0")
+        object.__setattr__(self, "scale_factor", factor)
+        check_int_in_range("scale_window", self.scale_window, low=0, high=INT32_MAX)
         _check_window_bounds(self.max_scale_window, self.min_scale_window)
         object.__setattr__(self, "levels", window_levels(self.max_scale_window, self.min_scale_window))
 

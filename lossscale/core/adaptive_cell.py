@@ -45,12 +45,13 @@ STATE_PARAMETERS = {
 STATE_KEYS = ("loss_scale", *STATE_PARAMETERS)
 
 
-def adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window):
-    """The :class:`AdaptiveWindowRule`, its errors naming the initial scale ``loss_scale_value`` (MindFormers')."""
+def adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window, init_name=None):
+    """The :class:`AdaptiveWindowRule`, its errors naming the initial scale ``init_name`` (default MindFormers'
+    ``loss_scale_value``)."""
     try:
         return AdaptiveWindowRule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
     except (TypeError, ValueError) as error:
-        raise type(error)(str(error).replace("'init_scale'", "'loss_scale_value'")) from None
+        raise type(error)(str(error).replace("'init_scale'", f"'{init_name or 'loss_scale_value'}'")) from None
 
 
 def check_adaptive_state(rule, state, owner="state_dict"):
@@ -183,8 +184,10 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
             >>> cell.rule_value("growth_interval"), cell.rule_value("backoff_factor")
             (30, 0.5)
         """
-        if field == "growth_interval":
-            return read_scalar(self._scale_window)
+        if field == "growth_interval":  # a window of 0 grows at every step, as one of 1 (AdaptiveState)
+            if outside_graph(self._scale_window):
+                return max(read_scalar(self._scale_window), 1)
+            return ops.maximum(self._scale_window, self._one).reshape(())
         return getattr(self._rule, field)
 
     def read_good_steps(self):
@@ -193,7 +196,7 @@ class AdaptiveLossScaleUpdateCell(_UpdateCellBase):
         if outside_graph(self._cur_iter):
             return self.get_state().good_steps
         since = self._cur_iter - self._last_overflow_iter - self._one
-        return ops.minimum(since, self._scale_window - self._one).reshape(())
+        return ops.minimum(since, ops.maximum(self._scale_window, self._one) - self._one).reshape(())
 
     def check_loaded_state(self, scale=None, scale_name="loss_scale"):
         """``ValueError`` naming the Parameter (``scale_name`` for the scale) unless the window state the device

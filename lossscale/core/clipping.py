@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core._validation import check_finite_in_range
-from lossscale.core.overflow import is_constant, multiply_gradients, square_sum
+from lossscale.core.overflow import is_constant, multiply_gradients, square_sum, total
 
 _ZERO = Tensor(0.0, mstype.float32)
 
@@ -41,7 +41,7 @@ def global_norm(hyper_map, grads):
     with ReduceSum for gradients that are constants (eagerly, in PyNative mode, where MindSpore's CPU MatMul is
     slower: the MLP's norm took 20 ms against 9 ms), decided at trace time by
     :func:`lossscale.core.overflow.is_constant`."""
-    return ops.sqrt(ops.addn(hyper_map(ops.partial(_square_sum, not is_constant(grads)), grads)))
+    return ops.sqrt(total(hyper_map(ops.partial(_square_sum, not is_constant(grads)), grads)))
 
 
 class GlobalNormClip(nn.Cell):

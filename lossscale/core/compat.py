@@ -8,6 +8,7 @@ releases it serves.
   differentiation.
 - :func:`ascend_status_primitives`, :func:`all_finite_primitive` [2.7.1-2.10: private import paths]: the Ascend
   overflow-status primitives.
+- :func:`compile_again_at_next_call` [2.7.1-2.10: a Cell's private ``_create_time``]: a new graph after one raised.
 
 MindSpore 2.10 computes CPU convolutions with oneDNN 3.10. On a CPU with AVX-512, oneDNN picks an implementation
 for MindSpore's NCHW tensors (``jit_uni_ncsp:conv+ref:any``) that is about 25 times slower than the one it picks
@@ -22,6 +23,7 @@ oneDNN reads the variable once, at its first kernel: it must be set before the p
 
 import functools
 import os
+import time
 
 ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
 
@@ -104,3 +106,19 @@ def all_finite_primitive():
     from mindspore.ops.operations.nn_ops import AllFinite
 
     return AllFinite()
+
+
+def compile_again_at_next_call(cell):
+    """Make the next call of ``cell`` (compiled in GRAPH_MODE) compile a new graph. A compiled graph that raised at
+    run time fails at every later call ("An error occurred in the previous step of this model execution"), even once
+    the cause is fixed; MindSpore keys a Cell's graph by its creation time, so a new one gives a new graph.
+
+    Example:
+        >>> from mindspore import nn
+        >>> cell = nn.Dense(1, 1)
+        >>> before = cell.create_time
+        >>> compile_again_at_next_call(cell)
+        >>> cell.create_time != before
+        True
+    """
+    object.__setattr__(cell, "_create_time", max(time.time_ns(), cell.create_time + 1))

@@ -335,7 +335,7 @@ def unscale_gradients(hyper_map, inv_scale, grads):
     return multiply_gradients(hyper_map, inv_scale, grads)
 
 
-def _total(scalars):
+def total(scalars):
     """The sum of a tuple of scalars, added one by one.
 
     Not ``AddN`` or ``Concat``: with sparse (``RowTensor``) gradients the tuple's element types
@@ -356,8 +356,8 @@ def nonfinite_indicator(hyper_map, grads):
     ``isfinite`` instead (:func:`is_constant`).
     """
     if is_constant(grads):
-        return _total(hyper_map(_constant_probe, grads))
-    return _total(hyper_map(_nonfinite_probe, grads))
+        return total(hyper_map(_constant_probe, grads))
+    return total(hyper_map(_nonfinite_probe, grads))
 
 
 def is_constant(grads):
@@ -386,10 +386,10 @@ def fingerprint(hyper_map, grads):
     already seen. For constant gradients (:func:`is_constant`) it is nan when any value is
     not finite, whatever the folded sum says.
     """
-    total = _total(hyper_map(_fingerprint, grads))
+    weighted = total(hyper_map(_fingerprint, grads))
     if is_constant(grads):
-        return total + nonfinite_indicator(hyper_map, grads)
-    return total
+        return weighted + nonfinite_indicator(hyper_map, grads)
+    return weighted
 
 
 _nonfinite_flag = ops.MultitypeFuncGraph("_nonfinite_flag")
@@ -497,7 +497,7 @@ class FloatStatusCheck(nn.Cell):
         counts = ()
         for values in self.hyper_map(_dense_values, compute_output):
             counts = counts + (ops.cast(self.float_status(values), mstype.float32).reshape(()),)
-        return _total(counts)
+        return total(counts)
 
 
 class AscendSaturationCheck(nn.Cell):

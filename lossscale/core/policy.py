@@ -47,6 +47,7 @@ from lossscale.core._validation import (
     check_bool,
     check_finite_in_range,
     check_int_in_range,
+    refuse_float32_degenerate,
 )
 
 _F32 = np.float32
@@ -55,12 +56,6 @@ _F32 = np.float32
 def _f32(value):
     """Round a Python number to the nearest float32 and return it as a Python float."""
     return float(_F32(value))
-
-
-def _refuse_float32_degenerate(name, value, degenerate, how):
-    """The device computes in float32: refuse a value that is valid as a Python float but not there."""
-    if degenerate:
-        raise ValueError(f"'{name}' is {value!r}, which in float32 (the device's arithmetic) {how}.")
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,7 @@ class LossScalePolicy:
             object.__setattr__(self, name, value)
 
         growth = check_finite_in_range("growth_factor", self.growth_factor, low=1.0, low_inclusive=False)
-        _refuse_float32_degenerate("growth_factor", growth, _f32(growth) <= 1.0, "rounds to 1.0")
+        refuse_float32_degenerate("growth_factor", growth, _f32(growth) <= 1.0, "rounds to 1.0")
         set_field("growth_factor", growth)
         backoff = self.backoff_factor
         if backoff is None:
@@ -114,7 +109,7 @@ class LossScalePolicy:
         backoff = check_finite_in_range(
             "backoff_factor", backoff, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False
         )
-        _refuse_float32_degenerate("backoff_factor", backoff, not 0.0 < _f32(backoff) < 1.0, "rounds to 0.0 or 1.0")
+        refuse_float32_degenerate("backoff_factor", backoff, not 0.0 < _f32(backoff) < 1.0, "rounds to 0.0 or 1.0")
         set_field("backoff_factor", backoff)
         set_field("growth_interval", check_int_in_range("growth_interval", self.growth_interval, low=1))
         set_field("hysteresis", check_int_in_range("hysteresis", self.hysteresis, low=1))
@@ -130,7 +125,7 @@ class LossScalePolicy:
         init = check_finite_in_range("init_scale", self.init_scale, high=max_scale, **floor)
         with np.errstate(divide="ignore", over="ignore"):
             degenerate = not (_f32(init) > 0 and np.isfinite(_F32(1.0) / _F32(init)))
-        _refuse_float32_degenerate("init_scale", init, degenerate, "is 0 or has an infinite reciprocal")
+        refuse_float32_degenerate("init_scale", init, degenerate, "is 0 or has an infinite reciprocal")
         set_field("init_scale", init)
 
     @property

@@ -46,6 +46,18 @@ _PRESETS = {
         refill_hysteresis_on_backoff=True,
         min_scale=0.0,
     ),
+    # paddle.amp.GradScaler's defaults from Paddle 2.5 on (2.6, 3.x): 2**16, 2000 clean steps, back off at every bad
+    # step (decr_every_n_nan_or_inf=1); the counting of "paddle" otherwise.
+    "paddle_2_5": dict(
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+        hysteresis=1,
+        consecutive_hysteresis=True,
+        refill_hysteresis_on_backoff=True,
+        min_scale=0.0,
+    ),
     # Paddle's static-graph update_loss_scaling op: the same counting, floor at 1, finiteness guard.
     "paddle_static": dict(
         init_scale=2.0**15,
@@ -97,6 +109,8 @@ DIFFERENCES = {
     "the preset never grows to a non-finite scale.",
     "pytorch": "PyTorch also refuses a non-finite growth." + _NO_SUBNORMALS,
     "paddle": "Paddle's dygraph GradScaler multiplies without a finiteness check; the preset never grows to inf."
+    + _NO_SUBNORMALS,
+    "paddle_2_5": "as 'paddle': Paddle multiplies without a finiteness check; the preset never grows to inf."
     + _NO_SUBNORMALS,
     "paddle_static": "none (the update_loss_scaling op floors at 1 and refuses a non-finite growth).",
     "keras": "Keras 3 doubles without a finiteness check; the preset never grows to inf."

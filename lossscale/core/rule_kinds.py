@@ -20,6 +20,7 @@ Example:
 
 import dataclasses
 
+import numpy as np
 from mindspore import nn
 
 from lossscale.core._parameters import write_parameter
@@ -63,10 +64,12 @@ class FixedScale:
 
 
 class FixedCell(FixedScale):
-    """A fixed update cell (ours or MindSpore's): its state must hold its scale."""
+    """A fixed update cell (ours or MindSpore's): its state must hold its scale, which a load writes back (over a
+    scale written into the running cell since)."""
 
     def load_state_dict(self, core, state):
-        check_fixed_state(state, self.cell.get_loss_scale())
+        check_fixed_state(state, self.cell.loss_scale_value)
+        write_parameter(core.scale_value, np.float32(self.cell.loss_scale_value))
 
 
 class FrozenScale(FixedScale):

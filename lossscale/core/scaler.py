@@ -46,6 +46,7 @@ from mindspore import Parameter, Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.communication.management import GlobalComm
 from mindspore.ops import constexpr
+from mindspore.ops import functional as F
 
 from lossscale.core import overflow as _overflow
 from lossscale.core._naming import check_name
@@ -372,13 +373,15 @@ class LossScaler(ScalerHostState, nn.Cell):
         """Graph: raise ``ValueError`` if the scale is not finite; returns the scale. For the branch that skips a
         step, after the update rule ran (a dynamic rule brings an inf scale back within its bounds): a non-finite
         fixed scale written into a running cell (``load_param_into_net``, ``Parameter.set_data``) would skip every
-        step from then on. MindSpore runs no later step of a graph that raised: build the cell again."""
+        step from then on. The train cell compiles a new graph at its next call (a graph that raised fails at every
+        later call), so once a finite scale is set it trains on."""
         scale = self.scale_value.reshape(())
         if not ops.isfinite(scale):
             raise ValueError(
                 "the loss scale is not finite (it was written into the running cell, by "
-                "load_param_into_net or set_data?): every step would be skipped. Set a finite scale "
-                "with set_sense_scale() or load_state_dict()."
+                "load_param_into_net or set_data?): every step would be skipped. Write a finite scale back "
+                "with load_state_dict({'loss_scale': S}) (a fixed update cell: its own S) or set_sense_scale(), "
+                "and the cell trains on."
             )
         return scale
 
@@ -505,6 +508,61 @@ def refuse_non_tensor_entries(grads, argument):
                 f"the weights' gradients as one flat tuple (mindspore.value_and_grad with grad_position "
                 f"and weights returns (inputs' gradients, weights' gradients): pass the second)."
             )
+    return True
+
+
+_sparse_entry = ops.MultitypeFuncGraph("_sparse_entry")
+
+
+@constexpr
+def _refuse_sparse_entry(argument, index):
+    raise TypeError(
+        f"'{argument}[{index}]' is a sparse gradient (RowTensor), as nn.EmbeddingLookup(sparse=True) gives: the "
+        f"GradScaler and the LossScaleOptimizer take dense gradients only. Use nn.Embedding, whose gradients are dense."
+    )
+
+
+@_sparse_entry.register("String", "Number", "RowTensor")
+def _row_tensor_entry(argument, index, grad):
+    return _refuse_sparse_entry(argument, index)
+
+
+@_sparse_entry.register("String", "Number", "Tensor")
+@_sparse_entry.register("String", "Number", "None")
+def _dense_entry(argument, index, grad):
+    return True
+
+
+@constexpr
+def _refuse_undetermined(types, argument):
+    """TypeError if the gradients' tuple type (``F.typeof``) is still undetermined while compiling: MindSpore
+    leaves the gradients of ``value_and_grad`` so when one of them is sparse, and no entry can be named yet."""
+    if "Undetermined" in str(types):
+        raise TypeError(
+            f"'{argument}' holds a sparse gradient (RowTensor), as nn.EmbeddingLookup(sparse=True) gives (MindSpore "
+            f"leaves their types undetermined while compiling, {types}): the GradScaler and the LossScaleOptimizer "
+            f"take dense gradients only. Use nn.Embedding, whose gradients are dense."
+        )
+    return True
+
+
+def refuse_undetermined_gradients(grads, argument):
+    """Graph: the part of :func:`refuse_sparse_gradients` that looks at the tuple's type only (no entry is touched)."""
+    return _refuse_undetermined(F.typeof(grads), argument)
+
+
+def refuse_sparse_gradients(grads, argument):
+    """TypeError while a compiled function is traced for a sparse gradient (a RowTensor) among ``grads``, naming the
+    entry once its type is known; from Python MindSpore gives them as tuples, which :func:`refuse_non_tensor_entries`
+    names. (MindSpore's own errors for them name an ``AddN`` call or a Parameter's dtype conversion.)
+
+    Example:
+        >>> refuse_sparse_gradients((Tensor(np.float32(1.0)), None), "grads")
+        True
+    """
+    refuse_undetermined_gradients(grads, argument)
+    for index in range(len(grads)):
+        _sparse_entry(argument, index, grads[index])
     return True
 
 

@@ -11,7 +11,7 @@ from lossscale.core.adaptive import MIN_SCALE_WINDOW
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
 from lossscale.demo.options import EXIT_OK, default_output, prepare_output
-from lossscale.demo.results import comparison_verdict, write_results_page
+from lossscale.demo.results import CONTROL_LABELS, UNWEIGHTED, comparison_verdict, write_results_page
 from lossscale.demo.runs import (
     _copy_of,
     _first_training_batches,
@@ -40,21 +40,27 @@ def gradient_loss_at_end(result, batches=4):
 
 
 def compare_plan(args):
-    """``[(label, precision, loss_scale, scale_window)]``: the five runs of ``compare``. The adaptive window starts
-    at its lowest level, as MindFormers' documentation configures it: its point is a fast early growth."""
-    return [
-        ("fp32", "fp32", "none", args.scale_window),
-        ("fp16 no scaling", args.precision, "none", args.scale_window),
-        (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}", args.scale_window),
-        ("fp16 dynamic", args.precision, "dynamic", args.scale_window),
-        ("fp16 adaptive", args.precision, "adaptive", MIN_SCALE_WINDOW),
+    """``[(label, precision, loss_scale, scale_window, loss_weight)]``: the five runs of ``compare`` and, with a loss
+    weight other than 1, fp32, fp16 without scaling and fp16 dynamic again without it (the control that says what
+    the weight does). The adaptive window starts at its lowest level, as MindFormers' documentation configures it:
+    its point is a fast early growth."""
+    weight, window = args.loss_weight, args.scale_window
+    plan = [
+        ("fp32", "fp32", "none", window, weight),
+        ("fp16 no scaling", args.precision, "none", window, weight),
+        (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}", window, weight),
+        ("fp16 dynamic", args.precision, "dynamic", window, weight),
+        ("fp16 adaptive", args.precision, "adaptive", MIN_SCALE_WINDOW, weight),
     ]
+    if weight != 1.0:
+        plan += [(label + UNWEIGHTED, *rest[:3], 1.0) for label, *rest in plan if label in CONTROL_LABELS]
+    return plan
 
 
 def compare_runs(args):
-    """Run the five configurations of ``compare``; return ``[(label, result)]``."""
+    """Run the configurations of ``compare`` (:func:`compare_plan`); return ``[(label, result)]``."""
     runs = []
-    for label, precision, loss_scale, scale_window in compare_plan(args):
+    for label, precision, loss_scale, scale_window, loss_weight in compare_plan(args):
         print(f"== {label} ({precision}, loss scale {loss_scale})")
         result = run_training(
             args.model,
@@ -65,7 +71,7 @@ def compare_runs(args):
             args.lr,
             args.seed,
             scale_window,
-            args.loss_weight,
+            loss_weight,
             progress=not args.no_progress,
         )
         result["gradient_lost_fraction"] = gradient_loss_at_end(result)
@@ -99,7 +105,7 @@ def command_compare(args):
     title = f"{args.model}: fp32 vs fp16 ({args.precision}) loss scaling"
     _try_plot(
         plots.plot_comparison,
-        {label: _unweighted(result) for label, result in runs},
+        {label: _unweighted(result) for label, result in runs if not label.endswith(UNWEIGHTED)},
         os.path.join(output, "compare.png"),
         title,
     )

@@ -40,7 +40,7 @@ def fixed_window_view(state, rule):
         init_scale=state.scale,
         growth_factor=rule.growth_factor,
         backoff_factor=rule.backoff_factor,
-        growth_interval=state.window,
+        growth_interval=state.growth_interval,
     )
     return LossScaleState(state.scale, state.good_steps), view
 
@@ -84,7 +84,8 @@ def parse_adaptive_state(spelling, values, current):
     level = check_int_in_range(
         "state_dict['list_index']", values["list_index"], low=HIDDEN, high=len(current.levels) - 1
     )
-    window_key, window = spelling.name_of("growth_interval"), current.window_of(level)
+    start = AdaptiveState(float(scale), current.window_of(level), level)
+    window_key, window = spelling.name_of("growth_interval"), start.growth_interval
     if values[window_key] != window:
         raise ValueError(
             f"'state_dict[{window_key!r}]' must be the window of level {level} (state_dict['list_index']), "
@@ -93,7 +94,7 @@ def parse_adaptive_state(spelling, values, current):
     tracker = spelling.counter_keys[0]
     good = check_int_in_range(f"state_dict[{tracker!r}]", values[tracker], low=0, high=window - 1)
     counters = [values[key] for key in ("window_up_count", "window_down_count")]
-    state = AdaptiveState(float(scale), window, level, *counters, step=good + 1, last_step=0)
+    state = dataclasses.replace(start, ups=counters[0], downs=counters[1], step=good + 1, last_step=0)
     return dataclasses.replace(current, init_scale=float(scale)), check_adaptive_state(current, state)
 
 

@@ -9,7 +9,8 @@ setters or ``load_state_dict()`` reach steps compiled before them.
 - :class:`TorchGradScaler` (``from lossscale.torch import GradScaler``): ``torch.amp.GradScaler``'s
   arguments, defaults (2**16, x2, x0.5, 2000) and rule (back off on every overflow, no floor).
 - :class:`PaddleGradScaler` (``from lossscale.paddle import GradScaler``): ``paddle.amp.GradScaler``'s
-  (defaults 2**15, x2, x0.5, 1000 clean steps, back off after 2 consecutive bad steps).
+  (Paddle <= 2.4's defaults 2**15, x2, x0.5, 1000 clean steps, back off after 2 consecutive bad steps; Paddle
+  2.5+'s 2**16, 2000 and 1 are the preset ``"paddle_2_5"``).
 - :class:`GradScaler` (``lossscale.GradScaler``): Paddle's spelling, or PyTorch's when given its
   arguments (a ``device`` str first, ``init_scale``, ..., ``enabled``), then a TorchGradScaler.
 
@@ -68,7 +69,7 @@ from lossscale.core._naming import claim_name
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_bool
 from lossscale.core.presets import get_preset
-from lossscale.core.scaler import LossScaler, refuse_bfloat16_on_cpu, refuse_non_gradients
+from lossscale.core.scaler import LossScaler, refuse_bfloat16_on_cpu, refuse_non_gradients, refuse_sparse_gradients
 from lossscale.frontends._eager_calls import CompiledCalls
 from lossscale.frontends.adaptive_rules import is_adaptive
 from lossscale.frontends.iteration import (
@@ -109,13 +110,19 @@ class GradScaler(ScalerPersistence):
     ``decr_every_n_nan_or_inf`` consecutive bad steps (a clean step or a backoff restarts
     that count), with no floor. Unlike Paddle's, it never grows to inf.
 
+    The defaults are Paddle 2.4's and earlier's, the signature implemented here. Paddle 2.5 and later
+    default to ``init_loss_scaling=2**16``, ``incr_every_n_steps=2000`` and ``decr_every_n_nan_or_inf=1``:
+    ``GradScaler.from_preset("paddle_2_5")`` gives that rule. ``GradScaler()`` without arguments is
+    Paddle's spelling with these defaults, also for ``lossscale.GradScaler``: PyTorch's defaults need PyTorch's
+    spelling (``GradScaler("cuda")``) or ``from lossscale.torch import GradScaler``.
+
     Args:
         enable (bool): False makes every method a no-op (``step`` just applies). Default True.
-        init_loss_scaling (float): initial scale. Default 32768.0.
+        init_loss_scaling (float): initial scale. Default 32768.0 (Paddle <= 2.4).
         incr_ratio (float): growth multiplier, > 1. Default 2.0.
         decr_ratio (float): backoff multiplier, in (0, 1). Default 0.5.
-        incr_every_n_steps (int): clean steps per growth, >= 1. Default 1000.
-        decr_every_n_nan_or_inf (int): consecutive bad steps per backoff, >= 1. Default 2.
+        incr_every_n_steps (int): clean steps per growth, >= 1. Default 1000 (Paddle <= 2.4).
+        decr_every_n_nan_or_inf (int): consecutive bad steps per backoff, >= 1. Default 2 (Paddle <= 2.4).
         use_dynamic_loss_scaling (bool): False keeps the scale fixed (steps with inf/nan are
             still skipped, as in Paddle; ``update()`` or ``minimize`` still ends each iteration,
             where Paddle's ``step()`` ends it for every optimizer). Default True.
@@ -231,6 +238,8 @@ class GradScaler(ScalerPersistence):
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return grads
+        if not outside_graph(self._states.table):
+            refuse_sparse_gradients(grads, "grads")
         given, grads = grads, self._graph_values(grads)
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
@@ -278,6 +287,8 @@ class GradScaler(ScalerPersistence):
         refuse_non_gradients(grads, "grads")
         if not self._enabled:
             return ops.depend(Tensor(False), optimizer(tuple(grads)))
+        if not outside_graph(self._states.table):
+            refuse_sparse_gradients(grads, "grads")
         if hasattr(optimizer, "get_unscaled_gradients"):
             refuse_loss_scale_optimizer()
         refuse_optimizer_loss_scale(getattr(optimizer, "loss_scale", 1.0))

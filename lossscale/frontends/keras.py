@@ -54,10 +54,13 @@ from lossscale.core.scaler import (
     refuse_non_gradients,
     refuse_non_sequence,
     refuse_non_tensor_entries,
+    refuse_sparse_gradients,
+    refuse_undetermined_gradients,
     warn_if_scaled_outside_differentiation,
 )
 from lossscale.core.scaler_state import positive_scale
 from lossscale.frontends.inner_optimizer import InnerOptimizerAttributes
+from lossscale.frontends.rules import as_policy
 
 _KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
@@ -105,7 +108,10 @@ def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
     if policy is not None:
         if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
             raise ValueError("give either 'policy' or 'dynamic'/'initial_scale'/'dynamic_growth_steps', not both.")
-        return get_preset(policy) if isinstance(policy, str) else policy
+        try:
+            return as_policy(policy)
+        except TypeError as error:
+            raise TypeValueError(str(error)) from None
     if not dynamic:
         if initial_scale is None:
             raise ValueError("'initial_scale' must be specified if 'dynamic' is False: it is the fixed loss scale.")
@@ -181,11 +187,16 @@ def _gradients_of(grads_and_vars, parameters, argument):
         grads_and_vars = tuple(grads_and_vars)  # Keras' zip(grads, variables)
     refuse_non_sequence(grads_and_vars, argument)
     items = tuple(grads_and_vars)
+    in_graph = bool(items) and not outside_graph(parameters[0])
+    if in_graph:  # first: the pairs test below fails on gradients MindSpore left undetermined (sparse ones)
+        refuse_undetermined_gradients(items, argument)
     if items and isinstance(items[0], (tuple, list)):
         _refuse_non_pairs(items, argument)
         _check_variables(argument, tuple(pair[1] for pair in items), parameters)
         items = tuple(pair[0] for pair in items)
     refuse_non_tensor_entries(items, argument)
+    if in_graph:
+        refuse_sparse_gradients(items, argument)
     for index, grad in enumerate(items):
         if grad is None:
             raise ValueError(f"gradient {index} is None: MindSpore optimizers need a gradient for every parameter.")
@@ -461,6 +472,8 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
         # allow_empty positional: a constexpr called with a keyword inside mindspore.jit receives {name: value} as its
         # next positional argument instead (MindSpore 2.7.1 and 2.10, measured).
         refuse_non_gradients(grads, "grads", True)  # Keras returns [] for []
+        if not outside_graph(self._iteration.loss_scaled):
+            refuse_sparse_gradients(grads, "grads")
         unscaled = self._core.unscale(grads)
         self._iteration.record_unscaled()
         return unscaled

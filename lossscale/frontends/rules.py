@@ -62,7 +62,10 @@ def framework_rule(fields, spelling, base, names=None):
 def as_policy(policy):
     """A LossScalePolicy or AdaptiveWindowRule from ``policy`` (one of them or a preset name)."""
     if isinstance(policy, str):
-        return get_preset(policy)
+        try:
+            return get_preset(policy)
+        except ValueError as error:
+            raise ValueError(str(error).replace("'preset'", "'policy'")) from None
     if not isinstance(policy, LossScalePolicy) and not is_adaptive(policy):
         raise TypeError(
             f"'policy' must be a LossScalePolicy, an AdaptiveWindowRule or a preset name in {PRESET_NAMES}, but got "

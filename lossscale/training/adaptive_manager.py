@@ -52,7 +52,9 @@ class AdaptiveLossScaleManager(DynamicLossScaleManager):
         min_scale_window=MIN_SCALE_WINDOW,
     ):
         super().__init__()
-        self.policy = adaptive_rule(init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window)
+        self.policy = adaptive_rule(
+            init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window, "init_loss_scale"
+        )
         self._scale_factor, self._scale_window = scale_factor, scale_window
         self._state = self.policy.initial_state()
 
@@ -79,8 +81,8 @@ class AdaptiveLossScaleManager(DynamicLossScaleManager):
 
     @property
     def decrease_ratio(self):
-        """MindSpore's name for the back-off factor: ``1 / scale_factor``."""
-        return 1.0 / self.rule.scale_factor
+        """MindSpore's name for the back-off factor: ``1 / scale_factor`` in float32, as the rule backs off."""
+        return self.rule.backoff_factor
 
     def _host_update(self, overflow):
         return update_adaptive(self.rule, self._state, overflow)

@@ -73,6 +73,20 @@ def refuse_nn_optimizer_options(optimizer, options):
         )
 
 
+def refuse_applied_overflows_with_a_dynamic_rule(drop_overflow_update, core):
+    """ValueError for ``drop_overflow_update=False`` (apply every step) with a dynamic rule (the ``core``'s): its
+    overflowing steps would be applied (the weights become inf or nan) while the rule backs off for them, a
+    combination of no use. A fixed scale applied every step is MindSpore's ``FixedLossScaleManager(S, False)``."""
+    if drop_overflow_update or not core.dynamic:
+        return
+    raise ValueError(
+        f"'drop_overflow_update' is False (apply every step, overflowing ones too), but the update cell "
+        f"({type(core.update_cell).__name__}) is dynamic: its overflowing steps would be applied, making the "
+        f"weights inf or nan, while its rule backs off for them. Keep drop_overflow_update=True with a dynamic "
+        f"rule; to apply every step, use a fixed scale (FixedLossScaleManager(S, drop_overflow_update=False))."
+    )
+
+
 def fixed_scale_of(scale_sense):
     """The scale if ``scale_sense`` never changes it (a Tensor or a fixed update cell), else None."""
     if isinstance(scale_sense, Tensor):

@@ -33,12 +33,14 @@ from mindspore.common import dtype as mstype
 from lossscale.core import overflow as _overflow
 from lossscale.core._validation import check_bool, check_int_in_range
 from lossscale.core.clipping import GlobalNormClip, global_norm
+from lossscale.core.compat import compile_again_at_next_call
 from lossscale.core.scaler import LossScaler, check_optimizer_loss_scale, refuse_bfloat16_on_cpu
 from lossscale.training.accumulation import GradientAccumulation
 from lossscale.training.arguments import (
     check_loss_output,
     check_train_arguments,
     fixed_scale_of,
+    refuse_applied_overflows_with_a_dynamic_rule,
     refuse_nn_optimizer_options,
 )
 from lossscale.training.bookkeeping import (
@@ -222,6 +224,7 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
         self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
         self.scale_sense = self.loss_scaler.scale_value
+        refuse_applied_overflows_with_a_dynamic_rule(self._drop_overflow_update, self.loss_scaler)
 
     def _build_accumulation(self, accumulation_steps):
         """The accumulation part (None for one micro-batch per step) and the receiver of checkpoint loads, which
@@ -280,7 +283,11 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         self._check_first_call(*args, **kwargs)
         scale_used = self.get_loss_scale() if self.persistent_overflow.active else None
         with host_call(self._host_call_token):
-            outputs = super().__call__(*args, **kwargs)
+            try:
+                outputs = super().__call__(*args, **kwargs)
+            except BaseException:
+                compile_again_at_next_call(self)  # a graph that raised fails at every later call: once fixed, go on
+                raise
         if self.persistent_overflow.active or self.forensics is not None:
             self._after_step(outputs, scale_used)
         return outputs

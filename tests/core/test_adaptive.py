@@ -161,8 +161,9 @@ def test_random_schedules_follow_mindformers(flags, bounds, factor, init):
     [
         ({"max_scale_window": 20, "min_scale_window": 20}, ValueError, "'max_scale_window' must be larger"),
         ({"max_scale_window": 10, "min_scale_window": 20}, ValueError, "'max_scale_window' must be larger"),
-        ({"min_scale_window": 0}, ValueError, "'min_scale_window' must be > 0, but got 0"),
-        ({"max_scale_window": -5}, ValueError, "'max_scale_window' must be > 0, but got -5"),
+        ({"min_scale_window": 0}, ValueError, r"'min_scale_window' must be an int in \[1, 2147483647\], but got 0"),
+        ({"max_scale_window": -5}, ValueError, r"'max_scale_window' must be an int in \[1, 2147483647\], but got -5"),
+        ({"max_scale_window": 2**31}, ValueError, "'max_scale_window' must be an int in .*, but got 2147483648"),
         ({"max_scale_window": 1000.0}, TypeError, "'max_scale_window' must be an int, but got 1000.0"),
         ({"min_scale_window": True}, TypeError, "'min_scale_window' must be an int"),
         ({"init_scale": 0.5}, ValueError, "'init_scale'"),

@@ -188,6 +188,13 @@ PRESET_CASES = [
     ),
     ("paddle", dict(growth_interval=3), lambda f: paddle_rule(f, incr_n=3), [T, F, T, T, T, T, T, F, F, F, T]),
     ("paddle", dict(), paddle_rule, [T] * 330),  # no floor: 0
+    (  # Paddle 2.5 and later: 2**16, 2000 clean steps, back off at every bad step
+        "paddle_2_5",
+        dict(growth_interval=3),
+        lambda f: paddle_rule(f, 2.0**16, incr_n=3, decr_n=1),
+        [T, F, T, T, F, F, F, F, F, T, F],
+    ),
+    ("paddle_2_5", dict(), lambda f: paddle_rule(f, 2.0**16, incr_n=2000, decr_n=1), [T] * 200),
     (
         "paddle_static",
         dict(growth_interval=2),

@@ -126,6 +126,24 @@ def test_a_pickled_scaler_keeps_its_rule_and_state():
     assert restored.get_scale() == scaler.get_scale() and restored._policy == scaler._policy
 
 
+def test_a_zero_window_level_saves_pickles_and_resumes():
+    """MindFormers' levels for a max_scale_window between 101 and 199 start with a window of 0, which grows at every
+    step as a window of 1: state_dict() and pickling work there, and a resumed scaler continues step for step."""
+    zero = dict(scale_window=0, min_scale_window=20, max_scale_window=150)
+    assert _rule(**zero).levels == (0, 150)
+    first = MinimizeRun(_scaler("torch", **zero), compiled=False)
+    done, rest = [F, T, F], [F, F, T, F]
+    first.run(done)
+    saved = first.scaler.state_dict()
+    assert (saved["growth_interval"], saved["_growth_tracker"], saved["list_index"]) == (1, 0, 0)
+    restored = pickle.loads(pickle.dumps(first.scaler))
+    resumed = _scaler("paddle", **zero)
+    resumed.load_state_dict(saved)
+    expected = [state.scale for state in run_adaptive(_rule(**zero), done + rest)][len(done) :]
+    assert MinimizeRun(resumed, compiled=False).run(rest, seed=2) == first.run(rest, seed=2) == expected
+    assert MinimizeRun(restored, compiled=False).run(rest, seed=2) == expected
+
+
 REFUSED_STATES = {  # what is loaded, from the scaler's own state dict: error
     "growth_factor": (lambda saved: dict(saved, growth_factor=4.0), r"'state_dict\['growth_factor'\]' is 4.0, .* 2.0"),
     "bounds": (lambda saved: dict(saved, max_scale_window=16), r"'state_dict\['max_scale_window'\]' is 16"),

@@ -114,7 +114,7 @@ BAD_ARGUMENTS = [
     ({"incr_every_n_steps": 2.5}, TypeError, "'incr_every_n_steps'.*float"),
     ({"incr_every_n_steps": True}, TypeError, "'incr_every_n_steps'.*bool"),
     ({"decr_every_n_nan_or_inf": 0}, ValueError, "'decr_every_n_nan_or_inf'.*0"),
-    ({"policy": "tensorflow"}, ValueError, "'preset'.*'tensorflow'"),
+    ({"policy": "tensorflow"}, ValueError, "'policy'.*'tensorflow'"),
     ({"policy": 3}, TypeError, "'policy'"),
     ({"policy": "pytorch", "incr_ratio": 3.0}, ValueError, "either 'policy' or the rule arguments"),
     ({"name": ""}, ValueError, "'name'"),

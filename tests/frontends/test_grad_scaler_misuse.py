@@ -18,6 +18,7 @@ from grad_scaler_harness import (
     tensor_batches,
 )
 from mindspore import Tensor, nn, ops
+from mindspore.common.sparse_tensor import RowTensorInner
 from nets import (
     Float64Regression,
     PlainSGD,
@@ -650,6 +651,34 @@ def test_sparse_gradients_are_refused_saying_so(compiled, call):
         TypeError,
         "'{argument}\\[1\\]' is a sparse gradient .*Use nn.Embedding",
     )
+
+
+@pytest.mark.parametrize("call", ["unscale_", "step", "minimize", "apply_gradients", "get_unscaled_gradients", "call"])
+@pytest.mark.parametrize("made_by", ["value_and_grad", "RowTensorInner"])
+def test_sparse_gradients_made_inside_a_compiled_function_are_refused_while_compiling(made_by, call):
+    """Inside mindspore.jit, an nn.EmbeddingLookup(sparse=True)'s gradient (whose type MindSpore leaves undetermined
+    while compiling) or a RowTensor built there: a TypeError saying it is sparse and what to use instead, not
+    MindSpore's "Failed calling AddN with x=Tuple[Undetermined]" or a Parameter's dtype conversion error."""
+    lookup = nn.EmbeddingLookup(10, 1, target="CPU", sparse=True)
+    opt = nn.SGD(lookup.trainable_params(), 0.1)
+    torch_scaler, paddle_scaler = GradScaler("cpu", init_scale=8.0), GradScaler(init_loss_scaling=8.0)
+    keras = LossScaleOptimizer(nn.SGD(lookup.trainable_params(), 0.1), initial_scale=8.0)
+    function, argument = _gradient_calls(torch_scaler, paddle_scaler, keras, opt)[call]
+
+    def loss(ids):
+        return lookup(ids).sum()
+
+    grad_fn = ms.value_and_grad(loss, None, opt.parameters)
+
+    def run(ids):
+        if made_by == "RowTensorInner":
+            return function((RowTensorInner(ids, ops.ones((2, 1), ms.float32), (10, 1)),))
+        return function(grad_fn(ids)[1])
+
+    before = training_state(lookup)
+    with pytest.raises(TypeError, match=f"'{argument}(\\[0\\])?' (is|holds) a sparse gradient .*Use nn.Embedding"):
+        read_outputs(ms.jit(run)(Tensor(np.array([1, 3], np.int32))))
+    assert changed_since(before, lookup) == []
 
 
 @pytest.mark.parametrize("call", ["unscale_", "step", "apply_gradients", "call"])

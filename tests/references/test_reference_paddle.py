@@ -158,6 +158,14 @@ def test_paddle_state_continues_identically_in_lossscale():
         assert _counts(ours.scaler) == _counts(theirs.scaler)
 
 
+def test_the_paddle_2_5_preset_is_the_installed_paddles_default():
+    """Paddle 2.5 changed its defaults (2**16, 2000, 1); the registry's Paddle has them."""
+    theirs, ours = paddle_scaler(), GradScaler.from_preset("paddle_2_5")
+    for name in ("init_loss_scaling", "incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf"):
+        assert getattr(ours, f"get_{name}")() == getattr(theirs, f"get_{name}")(), name
+    assert ours.get_scale() == float(theirs.state_dict()["scale"][0]) == 2.0**16
+
+
 def test_getters_and_setters_as_paddle():
     theirs, ours = paddle_scaler(**RULE), GradScaler(**RULE)
     for name, value in (

@@ -534,26 +534,39 @@ def _write_inf_with_load_param_into_net(cell):
     ms.load_param_into_net(cell, {"scale_sense": Parameter(Tensor(np.float32(np.inf)), name="scale_sense")})
 
 
+# A fixed scale given as a Tensor or a fixed update cell, and what the refusal's message says writes it back.
+FIXED_SCALES = {
+    "Tensor-set_sense_scale": (lambda: Tensor(np.float32(8.0)), lambda cell: cell.set_sense_scale(Tensor(8.0))),
+    "Tensor-load_state_dict": (lambda: Tensor(np.float32(8.0)), lambda cell: cell.load_state_dict({"loss_scale": 8.0})),
+    "fixed_update_cell-load_state_dict": (
+        lambda: FixedLossScaleUpdateCell(8.0),
+        lambda cell: cell.load_state_dict({"loss_scale": 8.0}),
+    ),
+}
+
+
 @pytest.mark.parametrize(
     "write", [_write_inf_with_set_data, _write_inf_with_load_param_into_net], ids=["set_data", "load_param_into_net"]
 )
-@pytest.mark.parametrize(
-    "scale_sense",
-    [lambda: Tensor(np.float32(8.0)), lambda: FixedLossScaleUpdateCell(8.0)],
-    ids=["Tensor", "fixed update cell"],
-)
+@pytest.mark.parametrize("scale_sense", FIXED_SCALES)
 @pytest.mark.slow
 def test_a_non_finite_fixed_scale_written_into_a_running_cell_is_refused(scale_sense, write):
     """Every step would be skipped from then on (the checks before the first step do not run again): the step
-    that would skip raises instead, having applied nothing."""
-    net = regression_net()
-    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), scale_sense())
-    assert run_cell(cell, BATCHES[:1]) == ([False], [8.0])
+    that would skip raises instead, having applied nothing. Once the scale is written back as the message says,
+    the cell trains on as one that never saw the inf."""
+    make, remedy = FIXED_SCALES[scale_sense]
+    net, control_net = regression_net(), regression_net()
+    cell = TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.1), make())
+    control = TrainOneStepWithLossScaleCell(control_net, nn.SGD(control_net.trainable_params(), 0.1), make())
+    assert run_cell(cell, BATCHES[:1]) == run_cell(control, BATCHES[:1]) == ([False], [8.0])
     write(cell)
     before = training_state(cell)
     with pytest.raises(ValueError, match="the loss scale is not finite .*every step would be skipped"):
         run_cell(cell, BATCHES[1:2])
     assert changed_since(before, cell) == []
+    remedy(cell)
+    assert run_cell(cell, BATCHES[1:3]) == run_cell(control, BATCHES[1:3]) == ([False, False], [8.0, 8.0])
+    assert changed_since(training_state(control), cell) == []
 
 
 @pytest.mark.parametrize(
