@@ -81,12 +81,12 @@ def compare_runs(args):
 
 def format_comparison(runs):
     """The comparison table as text (final loss divided by the loss weight)."""
-    header = f"{'run':<22}{'test acc %':>11}{'final loss':>12}{'grad lost %':>13}{'skipped':>9}{'ms/step':>9}"
+    header = f"{'run':<26}{'test acc %':>11}{'final loss':>12}{'grad lost %':>13}{'skipped':>9}{'ms/step':>9}"
     lines = [header, "-" * len(header)]
     for label, result in runs:
         final_loss = result["final_loss"] / result["config"]["loss_weight"]
         lines.append(
-            f"{label:<22}{100 * result['test_accuracy']:>11.2f}{final_loss:>12.4f}"
+            f"{label:<26}{100 * result['test_accuracy']:>11.2f}{final_loss:>12.4f}"
             f"{100 * result['gradient_lost_fraction']:>13.3f}{result['summary']['skipped_steps']:>9d}"
             f"{1e3 * result['seconds_per_step']:>9.2f}"
         )

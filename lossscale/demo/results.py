@@ -133,12 +133,12 @@ def _unweighted_section(controls, noise=1.5):
     gain = dynamic - unscaled
     if abs(gain) < noise and abs(unscaled - fp32) < noise:
         finding = (
-            "loss scaling gains nothing measurable here: without it fp16 trains as well as fp32, within the noise "
+            "Loss scaling gains nothing measurable here: without it fp16 trains as well as fp32, within the noise "
             f"of the test set ({noise:g} points)."
         )
     else:
         direction = "above" if gain > 0 else "below"
-        finding = f"dynamic loss scaling ends {abs(gain):.2f} points {direction} fp16 without it."
+        finding = f"Dynamic loss scaling ends {abs(gain):.2f} points {direction} fp16 without it."
     return [
         "## Without the loss weight",
         "",
@@ -147,7 +147,7 @@ def _unweighted_section(controls, noise=1.5):
         *_comparison_rows(controls),
         "",
         f"At loss weight 1 fp32 reaches {fp32:.2f}%, fp16 without scaling {unscaled:.2f}% (it loses {lost:.3f}% of "
-        f"the gradient elements at its final weights) and fp16 dynamic {dynamic:.2f}%: {finding} These small models "
+        f"the gradient elements at its final weights) and fp16 dynamic {dynamic:.2f}%. {finding} These small models "
         "on small data keep their gradients within float16's range; the comparison above rests on the loss weight, "
         "which stands for a loss averaged over many tokens or pixels.",
         "",
