@@ -28,7 +28,7 @@ def checks():
     import mindspore as ms
     from mindspore import nn, ops
 
-    from lossscale.core.overflow import nonfinite_indicator
+    from lossscale.core.gradients import nonfinite_indicator
 
     class Ours(nn.Cell):
         def __init__(self):

@@ -37,6 +37,7 @@ import argparse
 import statistics
 import sys
 
+import mindspore as ms
 from bench_step import _gradscaler_step, build_lossscale, build_release, warm_runtime
 from common import first_call_seconds, make_inputs
 
@@ -91,7 +92,6 @@ def _train_cell_knock_outs():
 def _gradscaler_knock_outs():
     """``{name: {function slot: replacement}}`` and a ``restore`` callable putting the originals back."""
     from lossscale.core import scaler
-    from lossscale.core.scaler_state import ScalerHostState
     from lossscale.frontends import grad_scaler, iteration
     from lossscale.frontends.iteration_table import IterationTableHost
     from lossscale.frontends.optimizer_states import OptimizerStates
@@ -101,7 +101,7 @@ def _gradscaler_knock_outs():
         (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
         (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
         (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
-        (ScalerHostState, "set_rule"): ScalerHostState.set_rule,
+        (scaler.LossScaler, "set_rule"): scaler.LossScaler.set_rule,
         (scaler, "_scale_tree"): scaler._scale_tree,
     }
     step_decision = originals[(iteration.IterationGraph, "step_decision")]
@@ -110,7 +110,10 @@ def _gradscaler_knock_outs():
     def scale_tree_times_s(scale, tree, before_backward):
         if isinstance(tree, (tuple, list)):
             return type(tree)(scale_tree_times_s(scale, item, before_backward) for item in tree)
-        return scaler._promote(scale, before_backward(tree))
+        loss = before_backward(tree)
+        if loss.dtype in (ms.float16, ms.bfloat16):
+            loss = ms.ops.cast(loss, ms.float32)
+        return loss * ms.ops.cast(scale, loss.dtype)
 
     def no_step_raise(code):
         return code
@@ -132,7 +135,7 @@ def _gradscaler_knock_outs():
         (OptimizerStates, "refuse_update_without_checks"): no_update_raise,
     }
     branch = {(iteration.IterationGraph, "step_decision"): only_the_usual_branch}
-    constants = {(grad_scaler, "LossScaler"): constant_rule_core, (ScalerHostState, "set_rule"): no_rule_change}
+    constants = {(grad_scaler, "LossScaler"): constant_rule_core, (scaler.LossScaler, "set_rule"): no_rule_change}
     loss_term = {(scaler, "_scale_tree"): scale_tree_times_s}
     ladder = {
         "current": {},

@@ -18,16 +18,20 @@ import importlib
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "AdaptiveLossScaleManager": "lossscale.training.adaptive_manager",
-    "AdaptiveLossScaleUpdateCell": "lossscale.core.adaptive_cell",
+    "AdaptiveLossScaleManager": "lossscale.training.managers",
+    "AdaptiveLossScaleUpdateCell": "lossscale.core.adaptive",
+    "AdaptiveWindowRule": "lossscale.core.adaptive",
     "DynamicLossScaleManager": "lossscale.training.managers",
-    "DynamicLossScaleUpdateCell": "lossscale.core.update_cells",
+    "DynamicLossScaleUpdateCell": "lossscale.core.policy",
+    "FixedRule": "lossscale.core.rule",
     "FixedLossScaleManager": "lossscale.training.managers",
     "FixedLossScaleUpdateCell": "lossscale.core.update_cells",
     "GradScaler": "lossscale.frontends.grad_scaler",
     "LossScaleMonitor": "lossscale.training.monitor",
     "LossScaleOptimizer": "lossscale.frontends.keras",
     "LossScalePolicy": "lossscale.core.policy",
+    "LossScaleRule": "lossscale.core.rule",
+    "LossScaleUpdateCell": "lossscale.core.update_cells",
     "LossScaleState": "lossscale.core.policy",
     "LossScaler": "lossscale.core.scaler",
     "Model": "lossscale.training.integration",

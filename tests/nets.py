@@ -8,9 +8,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.train import Callback
 
 from lossscale import LossScaleOptimizer
-from lossscale.training.checkpoints import is_loss_scale_state
 
 TESTS = os.path.dirname(os.path.abspath(__file__))  # the tests folder: helpers, workers, data
 
@@ -90,6 +90,23 @@ def train_calls(step, batches, inject=(), start=0):
 def snapshot(cell):
     """Every Parameter of ``cell`` (weights, optimizer state, scale, counters) as numpy copies."""
     return {p.name: p.asnumpy().copy() for p in cell.get_parameters()}
+
+
+# The loss-scale state's Parameter names in a train cell: its scale, the counters of lossscale's cells, of MindSpore's
+# dynamic cell and of MindFormers' adaptive window (whose names it keeps).
+_UPDATE_CELL_NAMES = {
+    "current_iterator_step",
+    "last_overflow_iterator_step",
+    "scale_window",
+    "list_index",
+    "scale_window_up_count",
+    "scale_window_down_count",
+}
+
+
+def is_loss_scale_state(name):
+    """Whether a Parameter name belongs to a train cell's loss-scale state."""
+    return name == "scale_sense" or name.startswith("loss_scale_") or name in _UPDATE_CELL_NAMES
 
 
 def training_state(cell):
@@ -396,3 +413,15 @@ def jit_if(compiled, function):
     """``mindspore.jit(function)`` when ``compiled``, else ``function``: the one switch of the tests that run each
     case eagerly and compiled (the ``compiled`` fixture of conftest.py)."""
     return ms.jit(function) if compiled else function
+
+
+class StepRecorder(Callback):
+    """Records (overflow, scale) from the train network's outputs after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_step_end(self, run_context):
+        outputs = run_context.original_args().net_outputs
+        self.rows.append((bool(outputs[1].asnumpy()), float(outputs[2].asnumpy())))

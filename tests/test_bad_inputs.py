@@ -38,13 +38,11 @@ from lossscale import (
     get_preset,
 )
 from lossscale.core import overflow
+from lossscale.core._optimizers import check_optimizer_loss_scale
 from lossscale.core.policy import LossScaleState
-from lossscale.core.scaler import (
-    check_optimizer_loss_scale,
-    refuse_non_gradients,
-    warn_if_scaled_outside_differentiation,
-)
+from lossscale.core.scaler import warn_if_scaled_outside_differentiation
 from lossscale.frontends.optimizer_states import OptimizerStates
+from lossscale.frontends.refusals import refuse_non_gradients
 
 NAN, INF = float("nan"), float("inf")
 WRONG_TYPES = [None, "1", True, [1.0]]
@@ -180,7 +178,7 @@ UPDATE_CELL_HELPERS = {
     "bind_scale_parameter": [None, 3, np.float32(2.0), Parameter(np.ones(2, np.float32), "two")],
     "bind_micro_step": [None, 3, Parameter(np.zeros(3, np.int32), "three")],
     "rename_parameters": ["", "a b", 3, None],
-    "rule_value": ["bogus", 3, "init_scale"],
+    "read": ["bogus", 3, "init_scale"],
     "set_state": [None, {"loss_scale": 8.0}, (8.0, 0, 1)],
 }
 
@@ -192,8 +190,8 @@ def test_update_cell_helpers_refuse_what_breaks_them_later(method, value):
     instead of naming the argument. Nothing changes on a refusal."""
     cell = DynamicLossScaleUpdateCell(8.0, 2, 10)
     names = [p.name for p in cell.get_parameters()]
-    argument = {"rename_parameters": "prefix", "rule_value": "field", "set_state": "state"}.get(method, "parameter")
-    _refused(lambda: getattr(cell, method)(value), argument, value, shown=method in ("rename_parameters", "rule_value"))
+    argument = {"rename_parameters": "prefix", "read": "name", "set_state": "state"}.get(method, "parameter")
+    _refused(lambda: getattr(cell, method)(value), argument, value, shown=method in ("rename_parameters", "read"))
     assert [p.name for p in cell.get_parameters()] == names
     assert cell.state_dict() == {"loss_scale": 8.0, "good_steps": 0, "hysteresis_left": 1}
     assert not cell.window_open()
@@ -448,7 +446,7 @@ def test_loss_scaler(name, value):
     if shown and name == "rule" and isinstance(value, float):
         assert f"{value!r}" in message or str(value) in message
     elif name == "rule" and not isinstance(value, (Tensor, nn.Cell)):  # what the rule may be, not only a number
-        assert f"a LossScalePolicy, a number or a Tensor, but got {type(value).__name__}." in message, message
+        assert f"any LossScaleRule), an update Cell, a number or a Tensor, but got {type(value).__name__}." in message
 
 
 @pytest.mark.parametrize(
@@ -512,14 +510,14 @@ def test_loss_scaler_adjust_takes_the_decision_by_keyword_only(call, got, compil
 BOUNDED_RULE = LossScalePolicy(init_scale=8.0, min_scale=2.0, max_scale=16.0)
 CORE_SETTINGS = {
     "set_scale": BAD_SCALES + [32.0, 1.0, Tensor(np.array([4.0, 8.0], np.float32))],
-    "set_rule": [("policy", "pytorch"), ("policy", 2.0**16), ("dynamic", "no"), ("dynamic", 1), ("dynamic", None)],
+    "set_rule": [("rule", "pytorch"), ("rule", 2.0**16), ("dynamic", "no"), ("dynamic", 1), ("dynamic", None)],
 }
 
 
 @pytest.mark.parametrize("method, value", _sweep(CORE_SETTINGS), ids=_ids(_sweep(CORE_SETTINGS)))
 def test_loss_scaler_settings_are_checked_and_change_nothing(method, value):
     """The core's host setters: a scale outside a dynamic rule's [min, max] (a state its own load_state_dict would
-    then refuse) was written; set_rule(dynamic="no") turned the rule on (truthy), set_rule(policy="pytorch") was an
+    then refuse) was written; set_rule(dynamic="no") turned the rule on (truthy), set_rule(rule="pytorch") was an
     AttributeError. A None switch is a refusal too, once it reaches the update cell."""
     core = LossScaler(BOUNDED_RULE, name="settings_checked", mutable_rule=True)
     before = core.state_dict()
@@ -527,9 +525,7 @@ def test_loss_scaler_settings_are_checked_and_change_nothing(method, value):
         _refused(lambda: core.set_scale(value), "scale", value)
     else:
         argument, bad = value
-        call = {"policy": lambda: core.set_rule(policy=bad), "dynamic": lambda: core.update_cell.set_dynamic(bad)}[
-            argument
-        ]
+        call = {"rule": lambda: core.set_rule(rule=bad), "dynamic": lambda: core.update_cell.set_dynamic(bad)}[argument]
         _refused(call, argument, bad)
         if argument == "dynamic" and bad is not None:
             _refused(lambda: core.set_rule(dynamic=bad), argument, bad)
@@ -595,7 +591,7 @@ def test_loss_scaler_set_rule_takes_a_state_alone():
     core = LossScaler(BOUNDED_RULE, name="settings_state_alone", mutable_rule=True)
     core.set_rule(state=LossScaleState(scale=4.0, good_steps=0, hysteresis_left=1))
     assert core.state_dict() == {"loss_scale": 4.0, "good_steps": 0, "hysteresis_left": 1}
-    assert core.policy == BOUNDED_RULE
+    assert core.rule == BOUNDED_RULE
 
 
 def test_loss_scaler_around_mindspores_own_update_cells_saves_and_loads_their_state():
@@ -856,7 +852,7 @@ def test_adaptive_window(builder, name, value):
 def test_adaptive_numbers_of_other_types_are_the_floats_they_stand_for():
     """A Fraction (or NumPy) factor is the float it stands for: MindSpore's Tensor constructor took no Fraction."""
     cell = AdaptiveLossScaleUpdateCell(np.float64(1024), fractions.Fraction(4, 1), 20)
-    assert (cell.rule.init_scale, cell.rule.scale_factor, cell.rule_value("backoff_factor")) == (1024.0, 4.0, 0.25)
+    assert (cell.rule.init_scale, cell.rule.scale_factor, cell.read("backoff_factor")) == (1024.0, 4.0, 0.25)
     assert UpdateCellDriver(cell).run([True, False]) == [256.0, 256.0]
 
 

@@ -67,6 +67,13 @@ def test_every_python_block_runs_as_written(code, tmp_path):
         position = printed.index(expected, position) + 1
 
 
+def test_the_design_shows_the_user_rule_the_tests_run():
+    """docs/design.md's own rule is tests/user_rule.py's, which tests/test_user_rule.py runs everywhere."""
+    from user_rule import QuarterOnRepeat
+
+    assert inspect.getsource(QuarterOnRepeat) in _read("docs", "design.md")
+
+
 def test_readme_starts_with_install_and_run_commands():
     first_block = re.findall(r"```bash\n(.*?)```", _read("README.md"), re.S)[0].splitlines()
     assert first_block[0].startswith("python -m venv .venv && . .venv/bin/activate")

@@ -1,33 +1,10 @@
-"""The adaptive scale window of MindFormers' ``AdaptiveLossScaleUpdateCell``, as a pure rule.
+"""MindFormers' adaptive scale window (``AdaptiveLossScaleUpdateCell``) as a rule: :class:`AdaptiveWindowRule`.
 
-A dynamic loss scale with a fixed growth window is either slow to raise the scale early in training or, once
-the scale is right, keeps raising it and skips steps. MindFormers (``mindformers/wrapper/adaptive_loss_scale.py``,
-package ``mindformers`` 2.1.0) lets the window move between levels. This module is that rule, written from
-its source, in float32 as the device computes it; the graph cell is tested against it.
-
-Levels: from ``max_scale_window`` down to ``min_scale_window`` (:func:`window_levels`), lowest first. Training
-starts at the level of ``scale_window`` (the lowest, with a warning, if it is not a level). Per step::
-
-    if overflow:
-        scale = max(scale * (1 / factor), 1)             # never below 1
-    grow = window <= step - last_step                    # a whole window since the last overflow or growth
-    if overflow or grow:
-        last_step = step
-    if grow and not overflow:
-        scale = scale * factor                           # float32; kept if that is not finite
-        ups, downs = (ups + 1) % 4, 0
-    step += 1
-    if ups == 3 and level != top:                        # three growths: one level up (from the hidden
-        level, ups = level + 1, 0                        # level 1 up to min_scale_window)
-        window = levels[level]
-    if overflow:
-        downs = (downs + 1) % 4
-    if overflow and downs == 3 and level > 0:            # three back-offs without growth: the hidden level,
-        window, level, ups, downs = 1, HIDDEN, 0, 0      # a window of 1
-
-The counters wrap modulo 4 as MindFormers' do, so a fourth growth at the top level (or a fourth back-off at
-the lowest) starts them again. One difference: MindFormers lets the scale grow to inf, which then backs off to
-inf forever; here a growth that is not finite keeps the scale (as every rule of lossscale does).
+The growth window moves between levels (:func:`window_levels`, from ``min_scale_window`` up to
+``max_scale_window``): three growths move it one level up, three back-offs without a growth drop it to a hidden
+window of 1. Written from MindFormers' source (``mindformers/wrapper/adaptive_loss_scale.py``, 2.1.0) and tested
+step by step against a transcription of it; unlike MindFormers the scale never grows to inf. The algorithm is in
+docs/design.md, section 1.
 
 Example:
     >>> rule = AdaptiveWindowRule(init_scale=2.0**10, scale_factor=2, scale_window=20)
@@ -39,9 +16,11 @@ Example:
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Tuple
+from typing import Tuple
 
 import numpy as np
+from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
 
 from lossscale.core._validation import (
     FLOAT32_MAX,
@@ -50,6 +29,20 @@ from lossscale.core._validation import (
     check_int_in_range,
     refuse_float32_degenerate,
 )
+from lossscale.core.rule import (
+    LossScaleRule,
+    StateField,
+    host_or_graph,
+    isfinite,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    run,
+    where,
+)
+from lossscale.core.update_cells import LossScaleUpdateCell
 
 HIDDEN = -1  # the level of the window of 1, below the lowest level
 WINDOW_INTERVAL, WINDOW_FACTOR = 100, 2  # MindFormers' constants for the levels
@@ -60,9 +53,9 @@ _F32 = np.float32
 
 
 def window_levels(max_scale_window, min_scale_window):
-    """MindFormers' window levels, lowest first: from ``max_scale_window``, halved and rounded down to a
-    multiple of 100 while above 100, 100 halves to 50, and below 100 steps of ``min_scale_window / 2``, until
-    a level is ``min_scale_window`` or below.
+    """MindFormers' window levels, lowest first: from ``max_scale_window``, halved and rounded down to a multiple of
+    100 while above 100, 100 halves to 50, and below 100 steps of ``min_scale_window / 2``, until a level is
+    ``min_scale_window`` or below.
 
     Example:
         >>> window_levels(1000, 20)
@@ -80,18 +73,6 @@ def window_levels(max_scale_window, min_scale_window):
     return tuple(reversed(levels))
 
 
-def _check_window_bounds(max_scale_window, min_scale_window):
-    """MindFormers' conditions, as errors naming the argument: both ints, > 0, and max > min; and what the device
-    holds: int32 windows (a larger one would wrap to a negative window)."""
-    for name, value in (("max_scale_window", max_scale_window), ("min_scale_window", min_scale_window)):
-        check_int_in_range(name, value, low=1, high=INT32_MAX)
-    if max_scale_window <= min_scale_window:
-        raise ValueError(
-            f"'max_scale_window' must be larger than 'min_scale_window', but got {max_scale_window} <= "
-            f"{min_scale_window}."
-        )
-
-
 @dataclass(frozen=True)
 class AdaptiveState:
     """The rule's state: the scale and MindFormers' six counters (``cur_iter`` starts at 1)."""
@@ -106,8 +87,8 @@ class AdaptiveState:
 
     @property
     def growth_interval(self):
-        """The window as a count of steps: a window of 0 (MindFormers' levels of a ``max_scale_window`` between 101
-        and 199 include one) grows at every step, as a window of 1 does."""
+        """The window as a count of steps: a window of 0 (among the levels of a ``max_scale_window`` between 101 and
+        199) grows at every step, as a window of 1 does."""
         return max(self.window, 1)
 
     @property
@@ -117,16 +98,28 @@ class AdaptiveState:
         return min(self.step - self.last_step - 1, self.growth_interval - 1)
 
 
+def _picked(levels, index):
+    """``levels[index]`` for a constant tuple ``levels`` and an int32 index (a NumPy scalar or a Tensor)."""
+    if isinstance(index, Tensor):
+        return ops.gather(Tensor(levels, mstype.int32), index.reshape(()), 0)
+    return np.int32(levels[index])
+
+
 @dataclass(frozen=True)
-class AdaptiveWindowRule:
-    """MindFormers' adaptive rule, with its argument names and defaults (see the module docstring).
+class AdaptiveWindowRule(LossScaleRule):
+    """MindFormers' adaptive rule, with its argument names and defaults.
 
     Args:
         init_scale (float): the initial scale (MindFormers' ``loss_scale_value``), finite and >= 1.
         scale_factor (float): growth and back-off factor, > 1.
         scale_window (int): the starting window; not a level: the lowest level, with a ``UserWarning``.
         max_scale_window (int): the top level (default 1000).
-        min_scale_window (int): the lowest level (default 20); 0 < min < max.
+        min_scale_window (int): the lowest level (default 20); 0 < min < max < 2**31.
+
+    Example:
+        >>> rule = AdaptiveWindowRule(init_scale=8.0, scale_factor=2, scale_window=20)
+        >>> rule.levels[:3], rule.advance(rule.initial_state(), True).scale
+        ((20, 30, 40), 4.0)
     """
 
     init_scale: float
@@ -136,33 +129,35 @@ class AdaptiveWindowRule:
     min_scale_window: int = MIN_SCALE_WINDOW
     levels: Tuple[int, ...] = field(init=False, repr=False)
 
+    # MindFormers' Parameter names (and state-dict keys): its checkpoints load into the cell.
+    fields = (
+        StateField("window", key="scale_window", parameter="scale_window"),
+        StateField("level", key="list_index", parameter="list_index"),
+        StateField("ups", key="window_up_count", parameter="scale_window_up_count"),
+        StateField("downs", key="window_down_count", parameter="scale_window_down_count"),
+        StateField("step", key="cur_iter", parameter="current_iterator_step"),
+        StateField("last_step", key="last_overflow_iter", parameter="last_overflow_iterator_step"),
+    )
+
     def __post_init__(self):
         object.__setattr__(self, "init_scale", check_finite_in_range("init_scale", self.init_scale, low=1.0))
         factor = check_finite_in_range("scale_factor", self.scale_factor, low=1.0, low_inclusive=False)
         refuse_float32_degenerate("scale_factor", factor, _F32(factor) <= 1.0, "rounds to 1.0")
         object.__setattr__(self, "scale_factor", factor)
         check_int_in_range("scale_window", self.scale_window, low=0, high=INT32_MAX)
-        _check_window_bounds(self.max_scale_window, self.min_scale_window)
+        for name in ("max_scale_window", "min_scale_window"):  # int32 windows: a larger one wraps on the device
+            check_int_in_range(name, getattr(self, name), low=1, high=INT32_MAX)
+        if self.max_scale_window <= self.min_scale_window:
+            raise ValueError(
+                f"'max_scale_window' must be larger than 'min_scale_window', but got {self.max_scale_window} <= "
+                f"{self.min_scale_window}."
+            )
         object.__setattr__(self, "levels", window_levels(self.max_scale_window, self.min_scale_window))
-
-    # What the readers of a fixed-window rule ask for (a GradScaler's getters, the bounds of a scale it sets).
-    hysteresis = 1
-    floor, ceiling = 1.0, FLOAT32_MAX
-
-    @property
-    def growth_factor(self):
-        """``scale_factor``: the growth multiplier."""
-        return float(self.scale_factor)
 
     @property
     def backoff_factor(self):
         """``1 / scale_factor`` in float32, as the rule backs off."""
         return float(_F32(1.0) / _F32(self.scale_factor))
-
-    @property
-    def growth_interval(self):
-        """The starting window (the lowest level if ``scale_window`` is not one)."""
-        return self.scale_window if self.scale_window in self.levels else self.levels[0]
 
     def start_level(self):
         """The level training starts at: ``scale_window``'s, or the lowest (with a warning) if it is not one."""
@@ -176,29 +171,124 @@ class AdaptiveWindowRule:
         )
         return 0
 
-    def initial_state(self):
-        """The state before the first step."""
-        level = self.start_level()
-        return AdaptiveState(scale=float(_F32(self.init_scale)), window=self.levels[level], level=level)
-
     def window_of(self, level):
         """The window of ``level`` (1 at :data:`HIDDEN`)."""
         return 1 if level == HIDDEN else self.levels[level]
 
+    # ---- the rule protocol ------------------------------------------------------------------------------------
+    def settings(self):
+        return dict(factor=self.scale_factor, inverse=self.backoff_factor)
 
-def _scale_after(rule, scale, overflow, grow):
-    """The float32 scale after this step: backed off (floored at 1) on overflow, grown on a clean window."""
-    scale = _F32(scale)
-    if overflow:
-        scale = max(scale * (_F32(1.0) / _F32(rule.scale_factor)), _F32(1.0))  # MindFormers' reciprocal
-    elif grow:
-        with np.errstate(over="ignore"):
-            grown = scale * _F32(rule.scale_factor)
-        scale = grown if np.isfinite(grown) and grown <= FLOAT32_MAX else scale
-    return float(scale)
+    def initial_state(self):
+        level = self.start_level()
+        return AdaptiveState(scale=float(_F32(self.init_scale)), window=self.levels[level], level=level)
+
+    def update(self, overflow, statistics, scale, window, level, ups, downs, step, last, factor, inverse):
+        grow = window <= step - last  # a whole window since the last overflow or growth
+        grew = logical_and(grow, logical_not(overflow))
+        ups, downs = where(grew, (ups + 1) % (MOVES + 1), ups), where(grew, 0, downs)
+        up = logical_and(ups == MOVES, level != len(self.levels) - 1)  # three growths: one level up
+        level, ups = where(up, level + 1, level), where(up, 0, ups)
+        window = where(up, _picked(self.levels, maximum(level, 0)), window)
+        downs = where(overflow, (downs + 1) % (MOVES + 1), downs)
+        down = logical_and(logical_and(overflow, downs == MOVES), level > 0)  # three back-offs: the hidden level
+        grown = scale * factor
+        grown = where(logical_and(isfinite(grown), grown <= FLOAT32_MAX), grown, scale)  # never to inf
+        backed_off = maximum(scale * inverse, 1.0)
+        return (
+            where(overflow, backed_off, where(grow, grown, scale)),
+            where(down, 1, window),
+            where(down, HIDDEN, level),
+            where(down, 0, ups),
+            where(down, 0, downs),
+            step + 1,
+            where(logical_or(overflow, grow), step, last),
+        )
+
+    def scale_bounds(self):
+        return 1.0, FLOAT32_MAX
+
+    def check_state(self, state, names=None):
+        """``ValueError`` naming the entry unless a cell of this rule can hold ``state``.
+
+        Example:
+            >>> rule = AdaptiveWindowRule(8.0, 2, 20)
+            >>> rule.check_state(dict(scale=8.0, window=40, level=0, ups=0, downs=0, step=1, last_step=0))
+            Traceback (most recent call last):
+            ...
+            ValueError: 'state_dict['scale_window']' must be the window of level 0, 20, but got 40.
+        """
+        names = names or {field.name: f"state_dict[{field.key!r}]" for field in self.fields}
+        names.setdefault("scale", "state_dict['loss_scale']")
+        check_finite_in_range(names["scale"], state["scale"], low=1.0, high=FLOAT32_MAX)
+        level = check_int_in_range(names["level"], state["level"], low=HIDDEN, high=len(self.levels) - 1)
+        if state["window"] != self.window_of(level):
+            raise ValueError(
+                f"'{names['window']}' must be the window of level {level}, {self.window_of(level)}, but got "
+                f"{state['window']}."
+            )
+        check_int_in_range(names["ups"], state["ups"], low=0, high=MOVES)
+        check_int_in_range(names["downs"], state["downs"], low=0, high=MOVES)
+        check_int_in_range(names["step"], state["step"], low=1)
+        check_int_in_range(names["last_step"], state["last_step"], low=0, high=state["step"] - 1)
+        return state
+
+    def view(self, scale, window, level, ups, downs, step, last, factor, inverse):
+        """A fixed-window rule now, whose window is the current one (a window of 0 grows as one of 1)."""
+        growth_interval = maximum(window, 1)
+        good_steps = minimum(step - last - 1, growth_interval - 1)
+        factor = host_or_graph(factor, float(self.scale_factor))
+        return scale, factor, host_or_graph(inverse, self.backoff_factor), growth_interval, 1, good_steps, 0
+
+    def extras(self, state):
+        """The window bounds and the window state (MindFormers' names), besides the view."""
+        state = self.as_mapping(state)
+        return dict(
+            max_scale_window=self.max_scale_window,
+            min_scale_window=self.min_scale_window,
+            list_index=state["level"],
+            window_up_count=state["ups"],
+            window_down_count=state["downs"],
+        )
+
+    def from_view(self, values, names, implied):
+        """The window state of a front-end's state dict, checked against this rule (its factor and levels are fixed
+        when it is built); the saved scale also becomes the initial scale."""
+        missing = [key for key in self.extras(self.initial_state()) if key not in values]
+        if missing:
+            raise ValueError(
+                f"this scaler's rule is MindFormers' adaptive window, but 'state_dict' holds a fixed-window state (no "
+                f"{missing}): load it into a scaler built with a fixed-window rule."
+            )
+        expected = dict(growth_factor=self.scale_factor, backoff_factor=self.backoff_factor, hysteresis=1, bad_steps=0)
+        expected.update(max_scale_window=self.max_scale_window, min_scale_window=self.min_scale_window)
+        for name, value in expected.items():
+            if name in values and values[name] != value:
+                raise ValueError(
+                    f"'{names[name]}' is {values[name]!r}, but this scaler's adaptive window rule has {value!r} (its "
+                    f"factor and window levels are fixed when it is built): load it into a scaler built with the "
+                    f"rule that saved it."
+                )
+        scale = check_finite_in_range(names["scale"], values["scale"], low=1.0, high=FLOAT32_MAX)
+        level = check_int_in_range(names["list_index"], values["list_index"], low=HIDDEN, high=len(self.levels) - 1)
+        start = AdaptiveState(float(scale), self.window_of(level), level)
+        if values["growth_interval"] != start.growth_interval:
+            raise ValueError(
+                f"'{names['growth_interval']}' must be the window of level {level} ({names['list_index']}), "
+                f"{start.growth_interval}, but got {values['growth_interval']!r}."
+            )
+        good = check_int_in_range(names["good_steps"], values["good_steps"], low=0, high=start.growth_interval - 1)
+        ups, downs = values["window_up_count"], values["window_down_count"]
+        state = AdaptiveState(start.scale, start.window, level, ups, downs, step=good + 1, last_step=0)
+        names = {field.name: names.get(field.key, field.key) for field in self.fields}
+        self.check_state(dict(vars(state)), dict(names, scale=names.get("scale", "state_dict['scale']")))
+        return self.restarted(float(scale)), state
+
+    def as_state(self, state):
+        return AdaptiveState(**state)
 
 
-def update_adaptive(rule: AdaptiveWindowRule, state: AdaptiveState, overflow: bool) -> AdaptiveState:
+def update_adaptive(rule, state, overflow):
     """The state after one step that did (``overflow=True``) or did not overflow; pure.
 
     Example:
@@ -206,31 +296,10 @@ def update_adaptive(rule: AdaptiveWindowRule, state: AdaptiveState, overflow: bo
         >>> update_adaptive(rule, rule.initial_state(), True)
         AdaptiveState(scale=4.0, window=20, level=0, ups=0, downs=1, step=2, last_step=1)
     """
-    grow = state.window <= state.step - state.last_step
-    ups, downs, level, window = state.ups, state.downs, state.level, state.window
-    if grow and not overflow:
-        ups, downs = (ups + 1) % (MOVES + 1), 0
-    if ups == MOVES and level != len(rule.levels) - 1:
-        level, ups = level + 1, 0
-        window = rule.window_of(level)
-    if overflow:
-        downs = (downs + 1) % (MOVES + 1)
-        if downs == MOVES and level not in (HIDDEN, 0):
-            window, level, ups, downs = 1, HIDDEN, 0, 0
-    return AdaptiveState(
-        scale=_scale_after(rule, state.scale, overflow, grow),
-        window=window,
-        level=level,
-        ups=ups,
-        downs=downs,
-        step=state.step + 1,
-        last_step=state.step if (overflow or grow) else state.last_step,
-    )
+    return rule.advance(state, bool(overflow))
 
 
-def run_adaptive(
-    rule: AdaptiveWindowRule, overflows: Iterable[bool], state: Optional[AdaptiveState] = None
-) -> List[AdaptiveState]:
+def run_adaptive(rule, overflows, state=None):
     """:func:`update_adaptive` for each overflow flag; the state after every step.
 
     Example:
@@ -238,9 +307,72 @@ def run_adaptive(
         >>> [s.scale for s in run_adaptive(rule, [False] * 20)][-2:]  # grows on the 20th clean step
         [4.0, 8.0]
     """
-    state = rule.initial_state() if state is None else state
-    trajectory = []
-    for overflow in overflows:
-        state = update_adaptive(rule, state, bool(overflow))
-        trajectory.append(state)
-    return trajectory
+    return run(rule, [bool(overflow) for overflow in overflows], state)
+
+
+class AdaptiveLossScaleUpdateCell(LossScaleUpdateCell):
+    """MindFormers' ``AdaptiveLossScaleUpdateCell``: its arguments, defaults, call contract and Parameter names
+    (``scale_window``, ``list_index``, ``scale_window_up_count``, ``scale_window_down_count``,
+    ``current_iterator_step``, ``last_overflow_iterator_step``), so a MindFormers checkpoint's window state loads.
+
+    Args:
+        loss_scale_value (float): the initial scale, finite and >= 1.
+        scale_factor (float): growth and back-off factor, > 1.
+        scale_window (int): the starting window: one of the levels, else the lowest (with a warning).
+        max_scale_window (int): the top level (default 1000, MindFormers' code; its docstring swaps the defaults).
+        min_scale_window (int): the lowest level (default 20); ``0 < min_scale_window < max_scale_window``.
+
+    Example:
+        >>> import mindspore as ms
+        >>> cell = AdaptiveLossScaleUpdateCell(loss_scale_value=8.0, scale_factor=2, scale_window=20)
+        >>> scale = ms.Parameter(ms.Tensor(np.float32(8.0)), name="doc_scale")
+        >>> _ = cell(scale, ms.Tensor(True))          # an overflow: backed off
+        >>> float(scale.asnumpy()), cell.state_dict()["window_down_count"]
+        (4.0, 1)
+    """
+
+    def __init__(
+        self,
+        loss_scale_value,
+        scale_factor,
+        scale_window,
+        max_scale_window=MAX_SCALE_WINDOW,
+        min_scale_window=MIN_SCALE_WINDOW,
+        *,
+        mutable=False,
+    ):
+        rule = adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
+        super().__init__(rule, mutable=mutable, loss_scale_value=loss_scale_value)
+
+    @classmethod
+    def of_rule(cls, rule, mutable=False):
+        return cls.from_rule(rule, mutable)
+
+    @classmethod
+    def from_rule(cls, rule, mutable=False):
+        """The cell of an :class:`AdaptiveWindowRule`.
+
+        Example:
+            >>> AdaptiveLossScaleUpdateCell.from_rule(AdaptiveWindowRule(8.0, 2, 40)).state_dict()["scale_window"]
+            40
+        """
+        return cls(
+            rule.init_scale,
+            rule.scale_factor,
+            rule.scale_window,
+            rule.max_scale_window,
+            rule.min_scale_window,
+            mutable=mutable,
+        )
+
+
+AdaptiveWindowRule.cell_class = AdaptiveLossScaleUpdateCell
+
+
+def adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window, init_name=None):
+    """The :class:`AdaptiveWindowRule`, its errors naming the initial scale ``init_name`` (default MindFormers'
+    ``loss_scale_value``)."""
+    try:
+        return AdaptiveWindowRule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
+    except (TypeError, ValueError) as error:
+        raise type(error)(str(error).replace("'init_scale'", f"'{init_name or 'loss_scale_value'}'")) from None

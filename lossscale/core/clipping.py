@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core._validation import check_finite_in_range
-from lossscale.core.overflow import is_constant, multiply_gradients, square_sum, total
+from lossscale.core.gradients import is_constant, multiply_gradients, square_sum, total
 
 _ZERO = Tensor(0.0, mstype.float32)
 
@@ -39,8 +39,8 @@ def _none_square_sum(through_gemv, grad):
 def global_norm(hyper_map, grads):
     """The float32 global L2 norm of ``grads``. Large gradients are summed through a GEMV row inside a graph, and
     with ReduceSum for gradients that are constants (eagerly, in PyNative mode, where MindSpore's CPU MatMul is
-    slower: the MLP's norm took 20 ms against 9 ms), decided at trace time by
-    :func:`lossscale.core.overflow.is_constant`."""
+    the slower one), decided at trace time by
+    :func:`lossscale.core.gradients.is_constant`."""
     return ops.sqrt(total(hyper_map(ops.partial(_square_sum, not is_constant(grads)), grads)))
 
 

@@ -1,7 +1,8 @@
 """What differs between the supported MindSpore releases (2.7.1 to 2.10), in one place, each tagged with the
 releases it serves.
 
-- :func:`prefer_fast_cpu_convolutions` [2.10]: oneDNN's CPU convolution kernels on AVX-512 machines.
+- :func:`prefer_fast_cpu_convolutions` [2.10]: oneDNN's CPU convolution kernels on AVX-512 machines (oneDNN 3.10
+  picks a much slower NCHW kernel unless limited to AVX2; docs/performance.md has the measurements).
 - :func:`ascend_saturation_only` [2.10; before: ``get_ascend_soc_version``]: whether the Ascend SoC only
   saturates (the 910A).
 - :func:`differentiating` [2.7.1-2.10: a private PyNative query]: whether a forward pass is being recorded for
@@ -9,16 +10,6 @@ releases it serves.
 - :func:`ascend_status_primitives`, :func:`all_finite_primitive` [2.7.1-2.10: private import paths]: the Ascend
   overflow-status primitives.
 - :func:`compile_again_at_next_call` [2.7.1-2.10: a Cell's private ``_create_time``]: a new graph after one raised.
-
-MindSpore 2.10 computes CPU convolutions with oneDNN 3.10. On a CPU with AVX-512, oneDNN picks an implementation
-for MindSpore's NCHW tensors (``jit_uni_ncsp:conv+ref:any``) that is about 25 times slower than the one it picks
-when limited to AVX2 (``gemm:jit``). Measured on 2 cores of an Intel Xeon with AVX-512 (2026-11-27): a
-1-to-6-channel 5x5 convolution of a 32x1x32x32 batch took 35 ms against 1.4 ms, a LeNet5 training step 138 ms
-against 11.5 ms, and every reference model (MLP, LeNet5, SmallResNet, TinyTransformer) trained as fast or faster
-with the limit. MindSpore 2.7.1 (oneDNN 2.2) picks the fast kernel by itself. The measurements and their commands
-are in docs/performance.md.
-
-oneDNN reads the variable once, at its first kernel: it must be set before the process's first CPU operation.
 """
 
 import functools

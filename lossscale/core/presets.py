@@ -1,20 +1,10 @@
-"""Policy presets: other libraries' dynamic loss-scaling rules as :class:`LossScalePolicy` values, and MindFormers'
-adaptive window as an :class:`lossscale.core.adaptive.AdaptiveWindowRule` (``"mindformers"``).
+"""Presets: other libraries' loss-scaling rules as rules (:func:`get_preset`), one per original, with its defaults.
 
-One preset per original, with its defaults, and the documented differences. Use a
-preset anywhere a policy is accepted:
-
-- graph cells: ``DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch"))``,
-  ``DynamicLossScaleManager.from_policy(get_preset("megatron"))``,
-  ``AdaptiveLossScaleManager.from_policy(get_preset("mindformers"))``;
-- front-ends: ``GradScaler.from_preset("paddle")``,
-  ``LossScaleOptimizer(opt, policy=get_preset("keras"))``;
-- the CLI: ``python -m lossscale train --loss-scale preset:jmp``.
-
-Every preset keeps lossscale's finiteness guard (growth never produces inf). For
-Paddle's dygraph ``GradScaler``, Keras 3, Megatron-LM, MindSpore and MindFormers this deliberately
-differs from the original, whose scale can grow to inf. That is the only deliberate
-difference, and :data:`DIFFERENCES` lists it per preset.
+Use one anywhere a rule is accepted: ``DynamicLossScaleManager.from_policy(get_preset("megatron"))``,
+``GradScaler.from_preset("paddle")``, ``LossScaleOptimizer(opt, policy="keras")``, ``--loss-scale preset:jmp``.
+Every preset keeps lossscale's finiteness guard (growth never produces inf); for Paddle's dygraph ``GradScaler``,
+Keras 3, Megatron-LM, MindSpore and MindFormers that deliberately differs from the original, whose scale can grow
+to inf. :data:`DIFFERENCES` lists it per preset.
 
 Example:
     >>> p = get_preset("pytorch")
@@ -128,12 +118,13 @@ PRESET_NAMES = tuple(_PRESETS) + tuple(_ADAPTIVE_PRESETS)
 ADAPTIVE_PRESET_NAMES = tuple(_ADAPTIVE_PRESETS)
 
 
-def get_preset(name, **overrides):
+def get_preset(name, window=None, **overrides):
     """The :class:`LossScalePolicy` of preset ``name`` with optional field overrides (an
     :class:`lossscale.core.adaptive.AdaptiveWindowRule` for the names in :data:`ADAPTIVE_PRESET_NAMES`).
 
     Args:
         name: one of :data:`PRESET_NAMES`.
+        window: the growth window (``growth_interval``; the adaptive window's starting ``scale_window``), or None.
         **overrides: the rule's fields to change (e.g. ``init_scale``).
 
     Raises:
@@ -155,6 +146,8 @@ def get_preset(name, **overrides):
     unknown = set(overrides) - set(allowed)
     if unknown:
         raise TypeError(f"unknown {kind.__name__} field(s) {sorted(unknown)}; allowed: {allowed}.")
+    if window is not None:
+        overrides["growth_interval" if kind is LossScalePolicy else "scale_window"] = window
     policy = kind(**values)
     if "growth_factor" in overrides and "backoff_factor" not in overrides and "backoff_factor" not in values:
         overrides["backoff_factor"] = None  # keep backoff = 1/growth for rules defined that way

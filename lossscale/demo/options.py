@@ -165,24 +165,18 @@ def _manager(kind, value, drop=True):
     """A factory of the loss-scale manager for a parsed ``--loss-scale``."""
 
     def build():
-        from lossscale.core.presets import ADAPTIVE_PRESET_NAMES, get_preset
-        from lossscale.training.managers import DynamicLossScaleManager, FixedLossScaleManager
+        from lossscale.core.presets import get_preset
+        from lossscale.training.managers import AdaptiveLossScaleManager, DynamicLossScaleManager, FixedLossScaleManager
 
         if kind == "fixed":
             return FixedLossScaleManager(value, drop_overflow_update=drop)
         if kind == "dynamic":
             return DynamicLossScaleManager(scale_window=value)
         if kind == "adaptive":
-            from lossscale.training.adaptive_manager import AdaptiveLossScaleManager
-
             window, low, high = value
             return AdaptiveLossScaleManager(scale_window=window, min_scale_window=low, max_scale_window=high)
         name, window = value
-        if name in ADAPTIVE_PRESET_NAMES:
-            from lossscale.training.adaptive_manager import AdaptiveLossScaleManager
-
-            return AdaptiveLossScaleManager.from_policy(get_preset(name, scale_window=window))
-        return DynamicLossScaleManager.from_policy(get_preset(name, growth_interval=window))
+        return DynamicLossScaleManager.from_policy(get_preset(name, window=window))
 
     return build
 

@@ -1,30 +1,15 @@
-"""Calls from Python into a front-end's graph code, run compiled.
+"""Calls from Python into a front-end's graph code, run compiled (docs/design.md, section 6).
 
-The functional front-ends are written as graph code, so that one definition serves eager
-calls and calls inside ``mindspore.jit``. Run from Python (PyNative, MindSpore's default mode),
-that code launches each of its few hundred small operations one by one: an eager
-``GradScaler`` iteration on the benchmark MLP took 150 ms against 31 ms for the plain step
-(measured). :class:`CompiledCalls` runs such a method as one compiled graph instead,
-compiled once per method and gradient structure (0.5-1 s, once): the same iteration took
-46 ms.
-
-The compiled methods never ``raise``: on MindSpore 2.10 a ``mindspore.jit`` function that
-raised at run time fails at every later call ("Invalid output number for flatten stub output
-nodes", measured), so refusals are returned as values and raised by the caller, in Python.
-
-Gradients go in as ``mindspore.mutable`` (a tuple of Tensors passed as it is would be a
-constant of the compilation: a recompilation at every call). Gradients holding anything but
-dense Tensors (``None``, ``RowTensor``) run the method eagerly, as before.
+The front-ends are graph code (one definition for eager calls and ``mindspore.jit``); :class:`CompiledCalls` runs
+such a method from Python as one compiled graph per method and gradient structure, not op by op. Refusals come back
+as values for the caller to raise; gradients with ``None`` or ``RowTensor`` entries run eagerly.
 
 Example:
-    >>> import numpy as np
-    >>> from mindspore import Tensor
+    >>> import numpy as np; from mindspore import Tensor
     >>> @ms.jit_class
     ... class Doubler:
-    ...     def doubled(self, grads, factor):
-    ...         return tuple(g * factor for g in grads)
-    >>> calls, doubler = CompiledCalls(), Doubler()
-    >>> [g.asnumpy().tolist() for g in calls.run(doubler.doubled, (Tensor(np.ones(2, np.float32)),), 2.0)]
+    ...     def doubled(self, grads, factor): return tuple(g * factor for g in grads)
+    >>> [g.asnumpy().tolist() for g in CompiledCalls().run(Doubler().doubled, (Tensor(np.ones(2, np.float32)),), 2.0)]
     [[2.0, 2.0]]
 """
 

@@ -12,10 +12,10 @@ from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
-from lossscale.core import overflow as _overflow
+from lossscale.core import gradients
 from lossscale.core._validation import check_finite_in_range
 from lossscale.core.clipping import global_norm
-from lossscale.core.scaler_state import positive_scale
+from lossscale.core.scaler import apply_rule, positive_scale
 from lossscale.frontends.iteration_table import STAGE
 
 
@@ -111,7 +111,7 @@ class IterationGraph:
         """``(grads / S, the slot's stage before)``; records the unscale only if that stage was READY (else
         the caller refuses it and nothing has changed)."""
         column = self._states.column(slot)
-        seen = _overflow.fingerprint(self._hyper_map, grads)
+        seen = gradients.fingerprint(self._hyper_map, grads)
         unscaled = self._core.unscale(grads)
         recorded = self._states.record_unscale(
             slot, column, self.decide(unscaled), seen, structure, global_norm(self._hyper_map, unscaled)
@@ -131,7 +131,7 @@ class IterationGraph:
         if after_unscale is None:
             after_unscale = self._states.unscaled(column)
         if after_unscale:
-            seen = _overflow.fingerprint(self._hyper_map, grads)
+            seen = gradients.fingerprint(self._hyper_map, grads)
             nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
             found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
             code = self._states.scaled_gradients_code(
@@ -151,5 +151,5 @@ class IterationGraph:
         Not merged with the refusal under an ``if``: MindSpore 2.10 dropped the writes of such a branch from a
         compiled ``update()`` (measured)."""
         overflow = self._core.is_overflow(self._states.any_found())
-        self._core.apply_rule(overflow)
+        apply_rule(self._core, overflow)
         return self._states.reset()

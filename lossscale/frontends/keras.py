@@ -1,34 +1,17 @@
-"""``LossScaleOptimizer``: Keras' loss-scaling optimizer wrapper (``tf.keras.mixed_precision``) for MindSpore.
+"""``LossScaleOptimizer``: tf.keras' loss-scaling optimizer wrapper (Keras 2's API) on the core (docs/design.md, 6).
 
-The API is tf.keras' (Keras 2), the one the Keras documentation of ``get_scaled_loss`` and
-``get_unscaled_gradients`` describes, translated onto the :class:`lossscale.core.scaler.LossScaler`
-core. The default rule is tf.keras' (:func:`lossscale.core.presets.get_preset` ``("tf_keras")``):
-the scale doubles after ``dynamic_growth_steps`` consecutive finite steps and halves, floored
-at 1, on a non-finite one; it never grows to inf.
+The default rule is tf.keras' (``get_preset("tf_keras")``): the scale doubles after ``dynamic_growth_steps``
+finite steps and halves, floored at 1, on a non-finite one; it never grows to inf. Both scaling calls are checked
+per iteration: ``apply_gradients`` refuses gradients of a scaled loss that were not unscaled and gradients unscaled
+without a scaled loss, before anything is applied. A skipped step leaves weights and moments unchanged; as in
+tf.keras the step counter (``global_step``, Keras' ``iterations``) still advances.
 
-Example (Keras' own, with MindSpore)::
+Example (Keras' recipe with MindSpore)::
 
-    opt = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.25))
-    opt.minimize(lambda: loss_fn(net(x)))           # scales, unscales, applies, updates the scale
-    # or by hand:
     def forward(x):
         return opt.get_scaled_loss(loss_fn(net(x)))
-    grad_fn = mindspore.value_and_grad(forward, None, opt.parameters)
-    scaled_loss, grads = grad_fn(x)
+    scaled_loss, grads = mindspore.value_and_grad(forward, None, opt.parameters)(x)
     opt.apply_gradients(opt.get_unscaled_gradients(grads))   # skipped on inf/nan; scale updated here
-    # or Keras' get_gradients / compute_gradients (both scaling calls) then apply_gradients:
-    opt.apply_gradients(opt.compute_gradients(lambda: loss_fn(net(x))))
-
-Both scaling calls are checked per iteration (Parameters, so eager and compiled code agree):
-``apply_gradients`` refuses gradients of a scaled loss that were not unscaled (``loss_scale``
-times too large) and gradients unscaled without a scaled loss (``1/loss_scale`` times too
-small), before anything is applied; with neither call it applies them and warns once (when
-called from Python; a warning cannot be raised from inside a compiled graph).
-
-"Skip" (a non-finite gradient, or a non-finite scaled loss, whose gradients ``get_scaled_loss``
-makes nan): the inner optimizer is not called, so weights and moments do not change; as in
-tf.keras its step counter (``global_step``, Keras' ``iterations``) still advances, so
-learning-rate schedules keep their pace.
 """
 
 import re
@@ -40,29 +23,30 @@ from mindspore.common import dtype as mstype
 from mindspore.ops import constexpr
 
 from lossscale.core._naming import claim_name
-from lossscale.core._optimizers import is_parameter_optimizer
+from lossscale.core._optimizers import check_optimizer_loss_scale, is_parameter_optimizer, refuse_bfloat16_on_cpu
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import TypeValueError
 from lossscale.core._warnings import warn_at_caller
 from lossscale.core.parallel import gradient_reducer
-from lossscale.core.policy import build_policy
 from lossscale.core.presets import get_preset
 from lossscale.core.scaler import (
     LossScaler,
-    check_optimizer_loss_scale,
-    refuse_bfloat16_on_cpu,
+    apply_rule,
+    positive_scale,
+    scale_tensor,
+    warn_if_scaled_outside_differentiation,
+)
+from lossscale.frontends.inner_optimizer import InnerOptimizerAttributes
+from lossscale.frontends.persistence import as_rule, framework_rule
+from lossscale.frontends.refusals import (
     refuse_non_gradients,
     refuse_non_sequence,
     refuse_non_tensor_entries,
     refuse_sparse_gradients,
     refuse_undetermined_gradients,
-    warn_if_scaled_outside_differentiation,
 )
-from lossscale.core.scaler_state import positive_scale
-from lossscale.frontends.inner_optimizer import InnerOptimizerAttributes
-from lossscale.frontends.rules import as_policy
+from lossscale.frontends.spelling import KERAS, KERAS_DEFAULTS
 
-_KERAS_NAMES = {"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}
 # Keras 3 refuses these on the wrapper and tells the user to set them on the inner optimizer.
 _INNER_OPTIMIZER_ARGUMENTS = (
     "weight_decay",
@@ -109,7 +93,7 @@ def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
         if not dynamic or initial_scale is not None or dynamic_growth_steps is not None:
             raise ValueError("give either 'policy' or 'dynamic'/'initial_scale'/'dynamic_growth_steps', not both.")
         try:
-            return as_policy(policy)
+            return as_rule(policy)
         except TypeError as error:
             raise TypeValueError(str(error)) from None
     if not dynamic:
@@ -123,12 +107,10 @@ def _keras_rule(dynamic, initial_scale, dynamic_growth_steps, policy):
             return float(positive_scale("initial_scale", initial_scale))
         except TypeError as error:
             raise ValueError(str(error)) from None
-    fields = {
-        "init_scale": 2.0**15 if initial_scale is None else initial_scale,
-        "growth_interval": 2000 if dynamic_growth_steps is None else dynamic_growth_steps,
-    }
+    given = {"init_scale": initial_scale, "growth_interval": dynamic_growth_steps}
+    fields = {name: KERAS_DEFAULTS[name] if value is None else value for name, value in given.items()}
     try:
-        return build_policy(_KERAS_NAMES, **dict(vars(get_preset("tf_keras")), **fields))
+        return framework_rule(fields, KERAS, get_preset(KERAS.preset))
     except TypeError as error:
         raise ValueError(str(error)) from None
 
@@ -160,7 +142,7 @@ def _check_variables(argument, variables, parameters):
     ``var_list``) against the inner optimizer's parameters: from Python, the same objects in order. Inside a
     compiled function a Parameter's identity is not visible and nothing is checked here: MindSpore refuses
     gradients whose shapes do not fit the optimizer while compiling, before anything runs (a shape check here
-    cost 0.16 s of compile time, measured). Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
+    would only add compile time). Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
     if not variables or outside_graph(variables[0]):  # none at all is wrong anywhere
         _require_optimizer_parameters(argument, variables, parameters)
     return True
@@ -237,7 +219,7 @@ def _variable(grads):
     """``grads`` (a tuple or list of Tensors, given from Python) as a ``mindspore.mutable`` tuple.
 
     A plain tuple of Tensors is a compile-time constant to MindSpore 2.10: the Cell would be compiled again
-    for every new value (0.2 s per call, measured) and its checks folded at compile time."""
+    for every new value and its checks folded at compile time."""
     if isinstance(grads, (tuple, list)) and grads and all(isinstance(grad, Tensor) for grad in grads):
         return mutable(tuple(grads))
     return grads
@@ -328,12 +310,14 @@ class _ApplyGradients(nn.Cell):
         try:
             cell.check_loaded_state(scale_name=self.core.scale_value.name)
         except ValueError as error:
+            window = cell.read("growth_interval")
+            here = cell.rule.describe() if window is None else f"dynamic_growth_steps={window}"
             raise ValueError(
-                f"{error} The loaded state was saved by a wrapper with another rule (dynamic_growth_steps="
-                f"{self.core.policy.growth_interval} here): load a checkpoint of the same configuration."
+                f"{error} The loaded state was saved by a wrapper with another rule ({here} here): load a checkpoint "
+                f"of the same configuration."
             ) from None
 
-    @ms.jit  # from Python in PyNative mode too: one graph, not each kernel in turn (an MLP iteration 62 -> 47 ms)
+    @ms.jit  # from Python in PyNative mode too: one graph, not each kernel in turn
     def construct(self, grads):
         _check_state_when_compiled(self._key)
         self.flags.refuse_mismatch()
@@ -342,7 +326,7 @@ class _ApplyGradients(nn.Cell):
             overflow = ops.depend(overflow, self.inner(grads))
         else:  # tf.keras: the optimizer's step counter advances on a skipped step too
             overflow = ops.depend(overflow, ops.assign_add(self.inner.global_step, self._one))
-        overflow = self.core.apply_rule(overflow)
+        overflow = apply_rule(self.core, overflow)
         self.flags.reset()
         return overflow
 
@@ -587,13 +571,13 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
     @property
     def loss_scale(self):
         """The current loss scale as a float32 scalar Tensor (eagerly one host sync, a graph read when compiled)."""
-        return self._core.get_scale_tensor()
+        return scale_tensor(self._core)
 
     @property
     def policy(self):
         """The dynamic rule (a :class:`lossscale.core.policy.LossScalePolicy`, or MindFormers' adaptive
         :class:`lossscale.core.adaptive.AdaptiveWindowRule`), or None for a fixed scale."""
-        return self._core.policy if self._dynamic else None
+        return self._core.rule if self._dynamic else None
 
     @property
     def dynamic(self):
@@ -604,7 +588,7 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
     def dynamic_counter(self):
         """Consecutive finite steps since the scale last changed (None if not dynamic): eagerly an int (one sync),
         inside a compiled function a graph read (an int32 Tensor)."""
-        return self._core.update_cell.read_good_steps() if self._dynamic else None
+        return self._core.update_cell.read("good_steps") if self._dynamic else None
 
     def check_state(self):
         """Raise ``ValueError`` if the scale state does not fit this wrapper's rule: a checkpoint loaded with
@@ -617,7 +601,7 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
     def dynamic_growth_steps(self):
         """Finite steps per growth (None if not dynamic); with MindFormers' adaptive rule, the current window (one
         host sync)."""
-        return self._core.update_cell.rule_value("growth_interval") if self._dynamic else None
+        return self._core.update_cell.read("growth_interval") if self._dynamic else None
 
     def state_dict(self):
         """The scale and the rule's counters as Python numbers (one host sync): ``{'loss_scale', 'good_steps',

@@ -1,27 +1,12 @@
-"""PyTorch's per-optimizer state machine for :class:`lossscale.GradScaler`, kept in Parameters.
+"""PyTorch's per-optimizer state machine for :class:`lossscale.GradScaler`, kept in Parameters (docs/design.md, 6).
 
 Per optimizer slot, between two ``update()`` calls::
 
     READY --unscale_()--> UNSCALED --step()--> STEPPED        (step() from READY unscales itself)
     unscale_() in UNSCALED or STEPPED, step() in STEPPED: RuntimeError, with PyTorch's messages
 
-Per slot, the stage, this iteration's overflow flag (``found_inf``), the fingerprint of the scaled
-gradients ``unscale_()`` was given, their structure and the global norm of the gradients it returned
-live in one float32 Parameter
-(``<name>.iteration``, a row per field, a column per slot), so the machine is the same for eager
-calls, every compiled function and every recompilation: nothing is keyed by a compilation. (A
-non-finite loss needs no row: ``scale()`` makes the gradients computed from it nan.) One table
-keeps the bookkeeping to a few whole-Parameter writes per call, which MindSpore's CPU runtime
-launches much faster than many small ones. A misuse is refused before anything is applied; inside a
-compiled graph the refusal is a runtime ``raise`` (MindSpore >= 2.9 supports it), eagerly a normal
-one. ``step()``'s refusals sit in the branch that skips the optimizer, so a correct step pays no
-extra control flow.
-
-A slot is chosen per *key* at trace time: an explicit ``key`` (an int or str constant), or by
-default the structure of the gradients (their shapes), which is the same for ``unscale_()`` and
-``step()`` of one optimizer and differs between optimizers whose parameters differ. Not their
-dtypes: gradients cast between ``unscale_()`` and ``step()`` (to float32 for clipping, say) are
-still the ones ``unscale_()`` returned. Optimizers with identical parameter shapes need explicit keys.
+Each slot's stage, overflow flag, fingerprint, structure and norm live in one float32 table Parameter shared by
+eager calls and every compiled function; a slot is chosen at trace time by ``key`` or by the gradients' shapes.
 
 Example:
     >>> states = OptimizerStates("doc_states", capacity=4)
@@ -160,8 +145,8 @@ class OptimizerStates(IterationTableHost, nn.Cell):
         ``parameters`` (an optimizer's), one for one: gradients of other parameters, or in another order, would
         otherwise fail inside the optimizer after the step was recorded (gradients of equal shapes in another
         order cannot be told apart). Inside a compiled function nothing is checked here: MindSpore's shape
-        inference refuses such gradients while compiling, before anything runs, and the check would cost
-        0.1 s of compile time (measured). Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
+        inference refuses such gradients while compiling, before anything runs, and the check would only add
+        compile time. Eager or compiled: :func:`lossscale.core._parameters.outside_graph`."""
         if outside_graph(parameters[0]):
             return _refuse_misfit(self.hyper_map(shape_of, grads), tuple(parameter.shape for parameter in parameters))
         return True

@@ -1,9 +1,9 @@
-"""How each framework spells a ``GradScaler``, written once: one frozen record per API.
+"""How each framework spells its loss scaler, written once: one frozen record per API (PyTorch, Paddle, tf.keras).
 
-A record holds the constructor's arguments with their defaults (in order), the names the framework gives
-the rule's fields (:class:`lossscale.core.policy.LossScalePolicy`'s ``init_scale``, ``growth_factor``, ...),
-the keys of its ``state_dict()`` and its accessors (``get_<name>`` / ``set_<name>``). The ``GradScaler``
-classes bind their arguments, build their rule, name their errors and generate their accessors from it.
+A record holds the constructor's arguments with their defaults (in order), the framework's names for what a rule's
+view says (:meth:`lossscale.core.rule.LossScaleRule.view`: ``init_scale``, ``growth_factor``, ...), the keys of its
+state dict and its accessors. The front-ends bind their arguments, build their rule, name their errors, save and load
+their state and generate their accessors from it. MindSpore's and MindFormers' names are their classes' own.
 
 Example:
     >>> PADDLE.defaults["incr_every_n_steps"], TORCH.defaults["growth_interval"], PADDLE.name_of("growth_factor")
@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass
 from types import MappingProxyType
 
-# The rule's fields a GradScaler's arguments and accessors name (the rest of LossScalePolicy comes from the preset).
+# What a framework's arguments and accessors name of a rule (the rest of the rule comes from its preset).
 RULE_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis")
 # Keyword-only arguments of every GradScaler (lossscale's own).
 KEYWORD_DEFAULTS = MappingProxyType({"policy": None, "overflow_check": None, "name": None})
@@ -24,19 +24,27 @@ KEYWORD_DEFAULTS = MappingProxyType({"policy": None, "overflow_check": None, "na
 
 @dataclass(frozen=True)
 class Spelling:
-    """One framework's ``GradScaler`` API.
+    """One framework's loss-scaler API.
 
     Attributes:
-        framework (str): its name in messages (``"PyTorch"``, ``"Paddle"``).
+        framework (str): its name in messages.
         preset (str): the :mod:`lossscale.core.presets` rule its arguments adjust.
         arguments (tuple): ``(name, default)`` of the positional-or-keyword arguments, in order.
-        fields (Mapping): rule field -> the framework's name for it (arguments, errors, state keys).
+        fields (Mapping): a view's name -> the framework's (arguments, errors, state keys).
         enabled (str): the argument that turns scaling on or off.
-        state_keys (tuple): the keys its ``state_dict()`` always has.
-        counter_keys (tuple): the state keys of the clean steps toward a growth and of the bad steps toward a
-            backoff (PyTorch's second, ``_hysteresis_tracker``, is lossscale's, for a rule with hysteresis).
-        accessors (Mapping): ``get_<name>``/``set_<name>`` accessor name -> rule field.
+        state_keys (tuple): the keys its state dict always has.
+        counter_keys (tuple): its keys of a view's ``good_steps`` and ``bad_steps`` (PyTorch's second is
+            lossscale's, saved only for a rule with hysteresis).
+        hysteresis_saved (bool): whether its state dicts always hold the hysteresis (Paddle's do).
+        implied (Mapping): the extras a rule's view adds that its own state dicts leave out (they imply them).
+        accessors (Mapping): ``get_<name>``/``set_<name>`` accessor name -> view name.
         empty_state (str): its error for an empty state dict in ``load_state_dict``.
+        always_dynamic (bool): its scale is always dynamic (no fixed state; Paddle's saves
+            ``use_dynamic_loss_scaling``).
+        update_needs_checks (bool): ``update()`` without an ``unscale_``/``step`` since the last one asserts.
+        scale_as_array (bool): its state dict holds the scale as a float32 array of shape (1,) (Paddle's).
+        ignored (tuple): keys a load accepts and ignores (lossscale 0.1.0's ``init_loss_scaling``); any other key
+            no rule of the scaler knows is refused: it was saved with another rule.
     """
 
     framework: str
@@ -46,8 +54,14 @@ class Spelling:
     enabled: str
     state_keys: tuple
     counter_keys: tuple
+    hysteresis_saved: bool
+    implied: MappingProxyType
     accessors: MappingProxyType
-    empty_state: str
+    empty_state: str = ""
+    always_dynamic: bool = False
+    update_needs_checks: bool = False
+    scale_as_array: bool = False
+    ignored: tuple = ()
 
     @property
     def defaults(self):
@@ -55,7 +69,7 @@ class Spelling:
         return dict(self.arguments)
 
     def name_of(self, field):
-        """The framework's name for the rule field ``field``."""
+        """The framework's name for the view's ``field``."""
         return self.fields.get(field, field)
 
     def bind(self, args, kwargs, cls_name):
@@ -80,6 +94,8 @@ class Spelling:
         ]
         return inspect.Signature(positional + keywords)
 
+
+_EMPTY = "state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
 
 PADDLE = Spelling(
     framework="Paddle",
@@ -114,6 +130,8 @@ PADDLE = Spelling(
         "use_dynamic_loss_scaling",
     ),
     counter_keys=("incr_count", "decr_count"),
+    hysteresis_saved=True,
+    implied=MappingProxyType({"consecutive_hysteresis": True, "refill_hysteresis_on_backoff": True}),
     accessors=MappingProxyType(
         {
             "init_loss_scaling": "init_scale",
@@ -123,7 +141,9 @@ PADDLE = Spelling(
             "decr_every_n_nan_or_inf": "hysteresis",
         }
     ),
-    empty_state="The input state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
+    empty_state="The input " + _EMPTY,
+    scale_as_array=True,
+    ignored=("init_loss_scaling",),
 )
 
 TORCH = Spelling(
@@ -141,11 +161,30 @@ TORCH = Spelling(
     enabled="enabled",
     state_keys=("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"),
     counter_keys=("_growth_tracker", "_hysteresis_tracker"),
+    hysteresis_saved=False,
+    implied=MappingProxyType({}),
     accessors=MappingProxyType(
         {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor", "growth_interval": "growth_interval"}
     ),
-    empty_state="The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
+    empty_state="The source " + _EMPTY,
+    always_dynamic=True,
+    update_needs_checks=True,
 )
+
+# tf.keras' LossScaleOptimizer (Keras 2): its names for the initial scale and the window; its rule is the preset's.
+KERAS = Spelling(
+    framework="tf.keras",
+    preset="tf_keras",
+    arguments=(("dynamic", True), ("initial_scale", None), ("dynamic_growth_steps", None)),
+    fields=MappingProxyType({"init_scale": "initial_scale", "growth_interval": "dynamic_growth_steps"}),
+    enabled="dynamic",
+    state_keys=(),
+    counter_keys=("dynamic_counter",),
+    hysteresis_saved=False,
+    implied=MappingProxyType({}),
+    accessors=MappingProxyType({}),
+)
+KERAS_DEFAULTS = MappingProxyType({"init_scale": 2.0**15, "growth_interval": 2000})
 
 
 def spelling_of(args, kwargs):

@@ -1,12 +1,10 @@
 """Gradient accumulation for the train cell: float32 accumulators and the window's overflow flag.
 
-With ``accumulation_steps=N`` each call of the train cell is one micro-batch. Its
-unscaled gradients are added to float32 accumulators (``loss_scale_accumulator.<param>``;
-float64 for a float64 parameter)
-and its overflow flag to the window flag (``loss_scale_window_overflow``). On the N-th
-call the mean of the accumulators goes through the rest of the step (one all-reduce, one
-scale update, one optimizer step or skip) and the window is reset. The scale is constant
-within a window. All state is in Parameters, so a checkpoint taken mid-window resumes it.
+With ``accumulation_steps=N`` each call of the train cell is one micro-batch: its unscaled gradients are added to
+float32 accumulators (``loss_scale_accumulator.<param>``; float64 for a float64 parameter) and its overflow flag to
+the window's (``loss_scale_window_overflow``). On the N-th call the accumulators' mean goes through the rest of the
+step (one all-reduce, one scale update, one optimizer step or skip) and the window is reset. All state is in
+Parameters, so a checkpoint taken mid-window resumes it.
 
 Example:
     >>> from mindspore import nn

@@ -11,9 +11,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, get_context, nn, ops
 
 from lossscale.core._optimizers import is_loss_scale_optimizer, is_parameter_optimizer
-from lossscale.core.policy import LossScalePolicy
+from lossscale.core.rule import LossScaleRule
 from lossscale.core.scaler import rule_scale
-from lossscale.core.update_cells import FixedLossScaleUpdateCell
 
 
 def check_train_arguments(network, optimizer, scale_sense):
@@ -54,8 +53,8 @@ def _scale_sense_hint(scale_sense):
             f" For a fixed scale give FixedLossScaleUpdateCell({scale_sense!r}) or Tensor({scale_sense!r}, "
             f"mindspore.float32)."
         )
-    if isinstance(scale_sense, LossScalePolicy):
-        return " For a rule give DynamicLossScaleUpdateCell.from_policy(policy)."
+    if isinstance(scale_sense, LossScaleRule):
+        return " For a rule give DynamicLossScaleUpdateCell.from_policy(policy) (any rule: LossScaleUpdateCell(rule))."
     return ""
 
 
@@ -92,7 +91,8 @@ def fixed_scale_of(scale_sense):
     if isinstance(scale_sense, Tensor):
         array = scale_sense.asnumpy()
         return float(np.float32(array.reshape(-1)[0])) if array.size == 1 and array.dtype != np.bool_ else None
-    if isinstance(scale_sense, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
+    fixed_rule = getattr(scale_sense, "rule", None) is not None and not scale_sense.rule.dynamic
+    if isinstance(scale_sense, nn.FixedLossScaleUpdateCell) or fixed_rule:
         return float(np.float32(scale_sense.get_loss_scale()))
     return None
 

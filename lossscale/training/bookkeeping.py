@@ -23,7 +23,7 @@ from mindspore.common import dtype as mstype
 from lossscale.core._text import plural
 from lossscale.core._validation import INT32_MAX, check_bool, check_int_in_range
 from lossscale.core._warnings import warn_at_caller
-from lossscale.core.overflow import nonfinite_per_tensor, zero_or_nan
+from lossscale.core.gradients import nonfinite_per_tensor, zero_or_nan
 from lossscale.training.accumulation import counter
 
 OVERFLOW_POLICIES = ("skip", "warn", "raise")

@@ -12,9 +12,6 @@ and after :func:`restore_loss_scale`. What a checkpoint of another configuration
 cell would not have (a mid-window micro-batch count, MindSpore's own step counters) is received by a
 :class:`CheckpointReceiver` and treated as :func:`restore_loss_scale` treats it.
 
-Example:
-    >>> is_loss_scale_state("scale_sense"), is_loss_scale_state("loss_scale_good_steps"), is_loss_scale_state("w")
-    (True, True, False)
 """
 
 import numpy as np
@@ -24,12 +21,8 @@ from mindspore.common import dtype as mstype
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import check_int_in_range
-from lossscale.core.adaptive_cell import STATE_PARAMETERS
-from lossscale.core.scaler_state import positive_scale
-from lossscale.core.update_cells import (
-    DynamicLossScaleUpdateCell,
-    mindspore_good_steps,
-)
+from lossscale.core.scaler import positive_scale
+from lossscale.core.update_cells import LossScaleUpdateCell, mindspore_good_steps
 from lossscale.training.accumulation import counter
 from lossscale.training.bookkeeping import INT32_MAX
 
@@ -38,18 +31,25 @@ MICRO_STEP = "loss_scale_micro_step"
 # The Parameters of MindSpore's own DynamicLossScaleUpdateCell (a checkpoint of its train cell holds them).
 MINDSPORE_COUNTERS = ("current_iterator_step", "last_overflow_iterator_step")
 FRESH_MINDSPORE_COUNTERS = (1, 0)  # their values in a cell that has not run
-ADAPTIVE_PARAMETERS = frozenset(STATE_PARAMETERS.values())  # AdaptiveLossScaleUpdateCell's window state
 
 
-def is_loss_scale_state(name):
-    """Whether a Parameter name belongs to a train cell's loss-scale state (with MindSpore's own update cell or
-    the adaptive one inside it: that cell's counters too)."""
-    return (
-        name == "scale_sense"
-        or name.startswith("loss_scale_")
-        or name in MINDSPORE_COUNTERS
-        or name in ADAPTIVE_PARAMETERS
-    )
+def loss_scale_parameters(cell):
+    """``{name: Parameter}`` of a train cell's loss-scale state: its scale, the update cell's Parameters (any rule's
+    counters, under their names: MindFormers' for the adaptive window, MindSpore's in its own cell) and every
+    ``loss_scale_*`` Parameter (counters, accumulation)."""
+    update_cell = cell.loss_scaling_manager
+    own = {parameter.name for parameter in update_cell.get_parameters()} if update_cell is not None else set()
+    return {
+        parameter.name: parameter
+        for parameter in cell.get_parameters()
+        if parameter.name == "scale_sense" or parameter.name.startswith("loss_scale_") or parameter.name in own
+    }
+
+
+def _counts_clean_steps(update_cell):
+    """Whether ``update_cell`` is lossscale's, of a rule that counts clean steps (``good_steps``), which a checkpoint
+    of MindSpore's own dynamic update cell translates into."""
+    return isinstance(update_cell, LossScaleUpdateCell) and "good_steps" in update_cell.rule.names()
 
 
 def _count(parameter):
@@ -117,7 +117,7 @@ class CheckpointReceiver(nn.Cell):
         super().__init__(auto_prefix=False)
         self.micro_step = None if accumulates else counter(MICRO_STEP)
         self.current_step = self.last_overflow_step = None
-        if isinstance(update_cell, DynamicLossScaleUpdateCell):
+        if _counts_clean_steps(update_cell):
             self.current_step, self.last_overflow_step = (
                 counter(name, fresh) for name, fresh in zip(MINDSPORE_COUNTERS, FRESH_MINDSPORE_COUNTERS)
             )
@@ -136,7 +136,7 @@ def take_received_state(cell):
     translated = _from_mindspore_counters(cell, received)
     if not translated:
         return
-    good_steps = cell.loss_scaling_manager.good_steps
+    good_steps = _good_steps_parameter(cell.loss_scaling_manager)
     saved = good_steps.asnumpy().copy()
     write_parameter(good_steps, translated[good_steps.name].asnumpy())
     try:
@@ -178,9 +178,9 @@ def restore_loss_scale(cell, param_dict):
     _check_restore_arguments(cell, param_dict)
     received = cell.checkpoint_receiver.received()
     own = {
-        parameter.name: parameter
-        for parameter in cell.get_parameters()
-        if is_loss_scale_state(parameter.name) and received.get(parameter.name) is not parameter
+        name: parameter
+        for name, parameter in loss_scale_parameters(cell).items()
+        if received.get(name) is not parameter
     }
     wanted = {name: value for name, value in param_dict.items() if name in own}
     wanted.update(_from_mindspore_counters(cell, param_dict))
@@ -303,18 +303,21 @@ def _from_mindspore_counters(cell, param_dict):
     backoff or growth) instead: ``{"loss_scale_good_steps": current - last - 1}`` when the checkpoint has those
     and not ours and ``cell`` has our dynamic update cell, else ``{}``. Checked like any loaded state."""
     update_cell = cell.loss_scaling_manager
-    good_steps = getattr(update_cell, "good_steps", None)
-    if (
-        not isinstance(update_cell, DynamicLossScaleUpdateCell)
-        or good_steps.name in param_dict
-        or not all(name in param_dict for name in MINDSPORE_COUNTERS)
-    ):
+    if not _counts_clean_steps(update_cell):
+        return {}
+    good_steps = _good_steps_parameter(update_cell)
+    if good_steps.name in param_dict or not all(name in param_dict for name in MINDSPORE_COUNTERS):
         return {}
     counters = tuple(_count(param_dict[name]) for name in MINDSPORE_COUNTERS)
     if counters == FRESH_MINDSPORE_COUNTERS:  # a fresh cell's, or this library's CheckpointReceiver: nothing to say
         return {}
     count = mindspore_good_steps(*(param_dict[name] for name in MINDSPORE_COUNTERS))
     return {good_steps.name: Tensor(np.full(good_steps.shape, count, np.int32))}
+
+
+def _good_steps_parameter(update_cell):
+    """The Parameter of an update cell's ``good_steps`` counter (:func:`_counts_clean_steps`)."""
+    return update_cell.counters[update_cell.rule.names().index("good_steps") - 1]
 
 
 def checkpoint_choice(cell):

@@ -2,9 +2,11 @@
 and state, checked before the first step and after a load, and the checks run after a step on the host.
 """
 
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
-from lossscale.core.update_cells import FixedLossScaleUpdateCell
+from lossscale.core._parameters import write_parameter
+from lossscale.core.scaler import positive_scale
+from lossscale.training.arguments import fixed_scale_of
 from lossscale.training.checkpoints import check_cell_state, checkpoint_choice, take_received_state
 
 
@@ -19,19 +21,19 @@ class HostState:
             raise TypeError(f"'sens' must be a Tensor, but got {type(sens).__name__}.")
         if sens.shape != self.scale_sense.shape:
             raise ValueError(f"'sens' must have shape {self.scale_sense.shape}, but got {sens.shape}.")
-        value = float(self.loss_scaler.checked_scale(sens, "sens"))
+        value = float(positive_scale("sens", sens))
         if self._optimizer_unscales:
             raise ValueError(
                 "'set_sense_scale' cannot change the scale: the optimizer was built with "
                 "loss_scale equal to the fixed scale and divides by it."
             )
         cell = self.loss_scaling_manager
-        if isinstance(cell, (FixedLossScaleUpdateCell, nn.FixedLossScaleUpdateCell)):
+        if cell is not None and fixed_scale_of(cell) is not None:
             raise ValueError(
                 f"'set_sense_scale' cannot change the scale of a {type(cell).__name__}, which fixes it at "
                 f"{cell.get_loss_scale()!r}: build the update cell with {value!r} instead."
             )
-        self.loss_scaler.set_scale(sens)
+        write_parameter(self.scale_sense, self.loss_scaler.checked_scale(sens, "sens"))
 
     def get_loss_scale(self):
         """The current scale held on the device, as a float (one host sync)."""
@@ -78,6 +80,6 @@ class HostState:
         if self.forensics is not None:
             self.forensics.report(int(self.counters.last_overflow_step.asnumpy()))
         if self.persistent_overflow.active:
-            policy = self.loss_scaler.policy  # None for a fixed scale or a foreign update cell
-            minimum = None if policy is None else policy.floor
+            rule = self.loss_scaler.rule  # None for a fixed scale or a foreign update cell
+            minimum = rule.scale_bounds()[0] if rule is not None and rule.dynamic else None
             self.persistent_overflow.check(self.overflow_counters(), scale_used, minimum)

@@ -21,7 +21,6 @@ from mindspore.train import model as _ms_model
 
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._validation import check_bool, check_int_in_range
-from lossscale.core.adaptive import AdaptiveWindowRule
 from lossscale.core.clipping import GlobalNormClip
 from lossscale.core.overflow import make_overflow_check
 from lossscale.core.presets import get_preset
@@ -63,14 +62,11 @@ def _manager_for(wrapper):
     """The manager expression with the rule of the LossScaleOptimizer ``wrapper``, as short as it can be said."""
     if not wrapper.dynamic:
         return f"FixedLossScaleManager({wrapper.initial_scale!r})"
-    policy = wrapper.policy
-    if isinstance(policy, AdaptiveWindowRule):
-        return f"AdaptiveLossScaleManager.from_policy({policy!r})"
-    keras = get_preset("tf_keras", init_scale=policy.init_scale, growth_interval=policy.growth_interval)
-    if policy == keras:
+    policy, window = wrapper.policy, wrapper.dynamic_growth_steps
+    if window is not None and policy == get_preset("tf_keras", init_scale=policy.init_scale, growth_interval=window):
         return (
             f"DynamicLossScaleManager.from_policy(get_preset('tf_keras', init_scale={policy.init_scale!r}, "
-            f"growth_interval={policy.growth_interval!r}))"
+            f"growth_interval={window!r}))"
         )
     return f"DynamicLossScaleManager.from_policy({policy!r})"
 

@@ -1,12 +1,9 @@
-"""Loss-scale managers: MindSpore's ``LossScaleManager`` API, producing our update cells.
+"""Loss-scale managers: MindSpore's ``LossScaleManager`` API over any rule, producing update cells.
 
-A manager is the host-side description of a loss-scaling strategy. Training code
-(``lossscale.Model``, ``lossscale.build_train_network``, or MindSpore's own ``Model``
-on GPU/Ascend) asks it for an update cell with :meth:`get_update_cell` and wraps
-the network in a train cell. From then on the device holds the truth:
-``get_loss_scale()`` reads the scale back from the device (one host sync) and
-``update_loss_scale()`` only refreshes the host mirror, so the policy is never
-applied twice.
+A manager describes a strategy on the host; ``lossscale.Model``, ``build_train_network`` or MindSpore's own ``Model``
+ask it for an update cell (:meth:`get_update_cell`). Once a train cell uses that cell the device holds the truth:
+``get_loss_scale()`` reads it (one host sync) and ``update_loss_scale()`` only refreshes the host mirror, so the rule
+is never applied twice. ``DynamicLossScaleManager.from_policy(rule)`` takes any rule.
 """
 
 import weakref
@@ -16,22 +13,17 @@ from mindspore.amp import LossScaleManager
 
 from lossscale.core._parameters import host_flags
 from lossscale.core._validation import check_bool, check_finite_in_range, read_only
-from lossscale.core.policy import (
-    initial_state,
-    policy_extensions,
-    policy_from_mindspore_arguments,
-    state_from_dict,
-    update,
-)
-from lossscale.core.update_cells import DynamicLossScaleUpdateCell, FixedLossScaleUpdateCell, check_fixed_state
+from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, adaptive_rule
+from lossscale.core.policy import policy_from_mindspore_arguments
+from lossscale.core.rule import FixedRule
+from lossscale.core.update_cells import FixedLossScaleUpdateCell, check_rule, update_cell_of
 from lossscale.training.bookkeeping import PersistentOverflowError
 
 
 def overflow_decision(overflow):
     """``overflow`` (what ``update_loss_scale`` is given) as a Python bool: a bool, a NumPy bool, or a bool Tensor or
     array, True if all its values are (MindSpore's ``Model`` passes ``np.all`` of the train cell's flag). Anything
-    else is a TypeError: MindSpore's manager reads any truthy value (1, ``"no"``) as an overflow and None as a
-    clean step.
+    else is a TypeError: MindSpore's manager reads any truthy value (1, ``"no"``) as an overflow and None as clean.
 
     Example:
         >>> overflow_decision(np.array([True, True])), overflow_decision(False)
@@ -50,13 +42,11 @@ class FixedLossScaleManager(LossScaleManager):
     """A constant loss scale, with or without skipping overflowing steps.
 
     Args:
-        loss_scale (float): the scale, finite and >= 1. Default 128.0 (MindSpore's). Kept and
-            reported as the float32 value the device holds.
-        drop_overflow_update (bool): skip the optimizer on overflow (True, default)
-            or always apply it (False). With False, ``get_update_cell()`` returns
-            None like MindSpore; our train-network builders then unscale the
-            gradients themselves unless the optimizer was built with the same
-            ``loss_scale`` (MindSpore's convention), and reject any other value.
+        loss_scale (float): the scale, finite and >= 1. Default 128.0 (MindSpore's), reported as the float32 value the
+            device holds.
+        drop_overflow_update (bool): skip the optimizer on overflow (True, default) or always apply it (False). With
+            False, ``get_update_cell()`` returns None like MindSpore's; the train-network builders then unscale the
+            gradients themselves unless the optimizer was built with the same ``loss_scale``.
 
     Example:
         >>> manager = FixedLossScaleManager(1024.0, drop_overflow_update=False)
@@ -65,7 +55,6 @@ class FixedLossScaleManager(LossScaleManager):
     """
 
     def __init__(self, loss_scale=128.0, drop_overflow_update=True):
-        # The scale the device holds and reports: float32 (2**24 + 1 is 2**24 there).
         self._loss_scale = float(np.float32(check_finite_in_range("loss_scale", loss_scale, low=1.0)))
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
 
@@ -78,14 +67,12 @@ class FixedLossScaleManager(LossScaleManager):
         return self._drop_overflow_update
 
     def update_loss_scale(self, overflow):
-        """Does nothing: the scale is fixed (``overflow`` is checked as :func:`overflow_decision` does)."""
+        """Nothing: the scale is fixed (``overflow`` is checked as :func:`overflow_decision` does)."""
         overflow_decision(overflow)
 
     def get_update_cell(self):
-        """A :class:`FixedLossScaleUpdateCell` if ``drop_overflow_update`` else None (as MindSpore)."""
-        if not self._drop_overflow_update:
-            return None
-        return FixedLossScaleUpdateCell(self._loss_scale)
+        """A :class:`FixedLossScaleUpdateCell` if ``drop_overflow_update`` else None (as MindSpore's)."""
+        return FixedLossScaleUpdateCell(self._loss_scale) if self._drop_overflow_update else None
 
     def state_dict(self):
         """``{'loss_scale': float}``."""
@@ -93,36 +80,32 @@ class FixedLossScaleManager(LossScaleManager):
 
     def load_state_dict(self, state):
         """Check that ``state`` was saved by a manager with the same fixed scale (nothing to restore)."""
-        check_fixed_state(state, self._loss_scale)
+        FixedRule(self._loss_scale).state_from_dict(state)
 
 
-# MindSpore's manager lets loss_scale, scale_factor and scale_window be assigned; its next update cell then uses
-# them while a running one keeps its own, and the attribute no longer says what trains. Ours refuses.
+# MindSpore's manager lets loss_scale, scale_factor and scale_window be assigned; its next update cell then uses them
+# while a running one keeps its own, and the attribute no longer says what trains. Ours refuses.
 _MANAGER_ADVICE = (
-    "the rule is validated and fixed when the manager is built, and an update cell already in use would "
-    "keep the old one. Build a new manager with the value you want (or DynamicLossScaleManager."
-    "from_policy(policy)); to change a training cell's scale, use train_cell.set_sense_scale(Tensor(...))."
+    "the rule is validated and fixed when the manager is built, and an update cell already in use would keep the "
+    "old one. Build a new manager with the value you want (or DynamicLossScaleManager.from_policy(policy)); to change "
+    "a training cell's scale, use train_cell.set_sense_scale(Tensor(...))."
 )
 
 
 class DynamicLossScaleManager(LossScaleManager):
-    """Dynamic loss scaling: back off on overflow, grow after a window of clean steps.
+    """Dynamic loss scaling: back off on overflow, grow after a window of clean steps (or any rule: ``from_policy``).
 
-    MindSpore's signature and defaults, plus the keyword extensions of
-    :class:`lossscale.DynamicLossScaleUpdateCell` (backoff factor, hysteresis,
-    min/max scale). Arguments are validated (``scale_factor`` must be > 1:
-    MindSpore accepts 0.5, which inverts the policy).
-
-    Host syncs: :meth:`get_loss_scale`, :meth:`update_loss_scale` and
-    :meth:`state_dict` read the device once each when an update cell made by this
-    manager is in use by a train cell; otherwise they are pure host operations.
+    MindSpore's signature and defaults, plus the keyword extensions of :class:`lossscale.DynamicLossScaleUpdateCell`
+    (backoff factor, hysteresis, min/max scale). Arguments are validated (``scale_factor`` must be > 1: MindSpore
+    accepts 0.5, which inverts the rule). Host syncs: :meth:`get_loss_scale`, :meth:`update_loss_scale` and
+    :meth:`state_dict` read the device once each when a cell made by this manager is in use by a train cell.
 
     Args:
         init_loss_scale (float): initial scale. Default 2**24.
         scale_factor (float): growth factor (> 1). Default 2.
         scale_window (int): clean steps before growth (>= 1). Default 2000.
-        backoff_factor, hysteresis, consecutive_hysteresis, min_loss_scale,
-        max_loss_scale: see :class:`lossscale.DynamicLossScaleUpdateCell`.
+        backoff_factor, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+        refill_hysteresis_on_backoff: see :class:`lossscale.DynamicLossScaleUpdateCell`.
 
     Example:
         >>> manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_factor=2, scale_window=2)
@@ -132,54 +115,36 @@ class DynamicLossScaleManager(LossScaleManager):
         1024.0
     """
 
-    scale_factor = read_only("scale_factor", _MANAGER_ADVICE)
-    scale_window = read_only("scale_window", _MANAGER_ADVICE)
+    scale_factor = read_only("scale_factor", _MANAGER_ADVICE, lambda self: self._arguments[0])
+    scale_window = read_only("scale_window", _MANAGER_ADVICE, lambda self: self._arguments[1])
+    policy = read_only("policy", _MANAGER_ADVICE, lambda self: self._rule)
 
-    def __init__(
-        self,
-        init_loss_scale=2**24,
-        scale_factor=2,
-        scale_window=2000,
-        *,
-        backoff_factor=None,
-        hysteresis=1,
-        consecutive_hysteresis=False,
-        min_loss_scale=1.0,
-        max_loss_scale=None,
-        refill_hysteresis_on_backoff=False,
-    ):
-        self.policy = policy_from_mindspore_arguments(
-            "init_loss_scale",
-            init_loss_scale,
-            scale_factor,
-            scale_window,
-            backoff_factor=backoff_factor,
-            hysteresis=hysteresis,
-            consecutive_hysteresis=consecutive_hysteresis,
-            min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale,
-            refill_hysteresis_on_backoff=refill_hysteresis_on_backoff,
+    def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, **extensions):
+        rule = policy_from_mindspore_arguments(
+            "init_loss_scale", init_loss_scale, scale_factor, scale_window, **extensions
         )
-        self._scale_factor = scale_factor
-        self._scale_window = scale_window
-        self._state = initial_state(self.policy)
+        self._adopt(rule, (scale_factor, scale_window))
+
+    def _adopt(self, rule, arguments=(None, None)):
+        """Start from ``rule``'s initial state, with MindSpore's host bookkeeping (its names and starting values)."""
+        self._rule, self._arguments = check_rule(rule), arguments
+        self._state = rule.initial_state()
         self._update_cells = []  # weak references to the cells get_update_cell() made, oldest first
-        # MindSpore's host bookkeeping of update_loss_scale(), with its names and starting values.
-        self.cur_iter = 1
-        self.last_overflow_iter = 0
-        self.bad_step = 0
-        self.bad_step_max = 1000
+        self.cur_iter, self.last_overflow_iter, self.bad_step, self.bad_step_max = 1, 0, 0, 1000
 
     @classmethod
     def from_policy(cls, policy):
-        """A manager applying ``policy`` (e.g. a preset from :mod:`lossscale.core.presets`).
+        """A manager applying ``policy``: any rule (:mod:`lossscale.core.rule`; a preset, say).
 
         Example:
             >>> from lossscale.core.presets import get_preset
             >>> DynamicLossScaleManager.from_policy(get_preset("megatron")).policy.hysteresis
             2
         """
-        return cls(policy.init_scale, policy.growth_factor, policy.growth_interval, **policy_extensions(policy))
+        manager = cls.__new__(cls)
+        view = check_rule(policy).host_view(policy.initial_state()) or {}
+        manager._adopt(policy, (view.get("growth_factor"), view.get("growth_interval")))
+        return manager
 
     def _followed_cell(self):
         """The most recent living cell this manager made that a train cell has adopted; before any is adopted, the
@@ -189,20 +154,19 @@ class DynamicLossScaleManager(LossScaleManager):
         return (adopted or cells or [None])[-1]
 
     def _device_cell(self):
-        """The followed update cell if a train cell has adopted it, else None."""
         cell = self._followed_cell()
         return cell if cell is not None and cell.scale_parameter is not None else None
 
     def get_state(self):
-        """The current :class:`lossscale.core.policy.LossScaleState` (device value when in use)."""
+        """The current state in the rule's form (the device's when a cell is in use)."""
         cell = self._device_cell()
         if cell is not None:
             self._state = cell.get_state()
         return self._state
 
     def get_loss_scale(self):
-        """The current scale as a float; the device's value once training has started."""
-        return self.get_state().scale
+        """The current scale as a float; the device's once training has started."""
+        return self._rule.as_mapping(self.get_state())["scale"]
 
     @property
     def loss_scale(self):
@@ -211,55 +175,39 @@ class DynamicLossScaleManager(LossScaleManager):
 
     @loss_scale.setter
     def loss_scale(self, value):
-        raise AttributeError(f"DynamicLossScaleManager.loss_scale cannot be assigned: {_MANAGER_ADVICE}")
+        raise AttributeError(f"{type(self).__name__}.loss_scale cannot be assigned: {_MANAGER_ADVICE}")
 
-    @property
-    def increase_ratio(self):
-        """MindSpore's name for the growth factor."""
-        return self.policy.growth_factor
+    def _ratio(self, name):
+        view = self._rule.host_view(self._state)
+        return None if view is None else float(view[name])
 
-    @property
-    def decrease_ratio(self):
-        """MindSpore's name for the backoff factor (``1 / scale_factor`` unless ``backoff_factor`` is given)."""
-        return self.policy.backoff_factor
+    increase_ratio = property(lambda self: self._ratio("growth_factor"), doc="MindSpore's name: the growth factor.")
+    decrease_ratio = property(lambda self: self._ratio("backoff_factor"), doc="MindSpore's name: the backoff factor.")
 
     def update_loss_scale(self, overflow):
-        """Advance the policy one step on the host, and MindSpore's bookkeeping with it.
+        """Advance the rule one step on the host, and MindSpore's bookkeeping with it; with a cell in use, only
+        refresh the host mirror (``Model`` calls this after every step outside sink mode).
 
-        When an update cell made by this manager is in use, the device has already
-        applied the step; this call then only refreshes the host mirror (so
-        ``mindspore.train.Model``, which calls it after every step outside sink mode,
-        does not apply the policy twice).
-
-        As MindSpore's manager: ``cur_iter`` counts the calls (from 1), ``last_overflow_iter`` is
-        the last overflowing one and ``bad_step`` the overflows in a row; once ``bad_step``
-        exceeds ``bad_step_max`` (1000) this raises a ``RuntimeError`` ("Dynamic loss scale Continuous
-        overflow ...", a :class:`lossscale.PersistentOverflowError`), so a ``Model`` run that overflows at
-        every step stops as MindSpore's does. With gradient accumulation, a call that ends inside a window
-        (its output False decides nothing) only advances ``cur_iter``: ``bad_step`` counts overflowing
-        optimizer steps in a row.
-
-        Host syncs: one (the device state), two with accumulation (also the micro-step).
-        """
+        As MindSpore's manager: ``cur_iter`` counts the calls (from 1), ``last_overflow_iter`` is the last
+        overflowing one and ``bad_step`` the overflows in a row; past ``bad_step_max`` (1000) a
+        :class:`lossscale.PersistentOverflowError` (a ``RuntimeError``, as MindSpore's) stops the run. A call that ends
+        inside an accumulation window (its False decides nothing) only advances ``cur_iter``."""
         overflow = overflow_decision(overflow)
         cell = self._device_cell()
         if cell is None:
-            self._state = self._host_update(overflow)
+            self._state = self._rule.advance(self._state, overflow)
         else:
             self.get_state()
-            if cell.window_open():  # a micro-batch inside an accumulation window: no step was decided
+            if cell.window_open():
                 self.cur_iter += 1
                 return
         self._count(overflow)
 
     def _count(self, overflow):
         """MindSpore's ``update_loss_scale`` counters, and its stop after too many overflows in a row."""
-        if overflow:
-            self.last_overflow_iter = self.cur_iter
-            self.bad_step += 1
-        else:
-            self.bad_step = 0
-        if self.bad_step > self.bad_step_max:  # a RuntimeError, as MindSpore's, that our own callers recognise
+        self.last_overflow_iter = self.cur_iter if overflow else self.last_overflow_iter
+        self.bad_step = self.bad_step + 1 if overflow else 0
+        if self.bad_step > self.bad_step_max:
             raise PersistentOverflowError(
                 f"Dynamic loss scale Continuous overflow {self.bad_step} times, has exceeded maximum threshold "
                 f"(bad_step_max={self.bad_step_max}, as in MindSpore's manager); the loss scale is "
@@ -273,39 +221,55 @@ class DynamicLossScaleManager(LossScaleManager):
         return True
 
     def get_update_cell(self):
-        """A new :class:`DynamicLossScaleUpdateCell` starting from this manager's current state.
-
-        The manager follows the most recent cell it made that a train cell has adopted (before any is, the most
-        recent one made): ``get_loss_scale()`` reads it.
-        """
-        cell = self._new_cell(self.get_state())
+        """A new update cell of the rule, starting from this manager's current state; the manager follows the most
+        recent cell it made that a train cell has adopted (``get_loss_scale()`` reads it)."""
+        cell = update_cell_of(self._rule)
+        cell.set_state(self.get_state())
         self._update_cells = [ref for ref in self._update_cells if ref() is not None] + [weakref.ref(cell)]
         return cell
 
-    def _state_from_dict(self, state):
-        """The state a state dict holds, validated against this manager's rule."""
-        return state_from_dict(self.policy, state)
-
-    def _host_update(self, overflow):
-        """The state after one step, applied on the host (no update cell in use)."""
-        return update(self.policy, self._state, overflow)
-
-    def _new_cell(self, state):
-        """A new update cell of this manager's rule, holding ``state``."""
-        cell = DynamicLossScaleUpdateCell.from_policy(self.policy)
-        cell.set_state(state)
-        return cell
-
     def state_dict(self):
-        """``{'loss_scale', 'good_steps', 'hysteresis_left'}`` (device values when in use)."""
-        state = self.get_state()
-        return {"loss_scale": state.scale, "good_steps": state.good_steps, "hysteresis_left": state.hysteresis_left}
+        """The state under the rule's keys (``loss_scale``, ...); the device's when a cell is in use."""
+        return self._rule.state_dict(self.get_state())
 
     def load_state_dict(self, state):
-        """Restore :meth:`state_dict` output, into the device cell too when one is in use (validated: nothing
-        changes on error)."""
-        restored = self._state_from_dict(state)
+        """Restore :meth:`state_dict` output, into the cell in use too (checked: nothing changes on error)."""
+        restored = self._rule.as_state(self._rule.state_from_dict(state))
         cell = self._followed_cell()
         if cell is not None:
             cell.set_state(restored)
         self._state = restored
+
+
+class AdaptiveLossScaleManager(DynamicLossScaleManager):
+    """MindFormers' adaptive window (:class:`lossscale.AdaptiveWindowRule`) behind MindSpore's manager API.
+
+    Args:
+        init_loss_scale (float): initial scale, finite and >= 1. Default 2**24 (MindSpore's managers').
+        scale_factor (float): growth and back-off factor (> 1). Default 2.
+        scale_window (int): the starting window, one of the levels. Default 20, the lowest of the default bounds.
+        max_scale_window (int), min_scale_window (int): the top and lowest levels. Default 1000 and 20.
+
+    Example:
+        >>> manager = AdaptiveLossScaleManager(init_loss_scale=2**12, scale_window=20)
+        >>> type(manager.get_update_cell()).__name__, manager.rule.levels[:3]
+        ('AdaptiveLossScaleUpdateCell', (20, 30, 40))
+    """
+
+    def __init__(
+        self,
+        init_loss_scale=2**24,
+        scale_factor=2,
+        scale_window=MIN_SCALE_WINDOW,
+        max_scale_window=MAX_SCALE_WINDOW,
+        min_scale_window=MIN_SCALE_WINDOW,
+    ):
+        rule = adaptive_rule(
+            init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window, "init_loss_scale"
+        )
+        self._adopt(rule, (scale_factor, scale_window))
+
+    @property
+    def rule(self):
+        """The :class:`lossscale.AdaptiveWindowRule` (the manager's ``policy``)."""
+        return self._rule

@@ -1,20 +1,12 @@
-"""Running statistics that a forward pass updates in place, restored when their step is skipped.
+"""Running statistics that a forward pass updates in place, restored when their step is skipped (design.md, 5).
 
-BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``nn.SyncBatchNorm``, ``mint.nn.BatchNorm*``, and
-``nn.InstanceNorm*``, which keeps a moving mean and variance too: every layer holding a
-non-trainable ``moving_mean``, ``running_mean``, ... Parameter) update their running statistics
-during the training forward pass, before any overflow check.
-A batch whose forward pass overflows (an inf activation in float16) makes them inf or nan, and
-they stay so: training goes on with batch statistics while every evaluation returns nan.
-MindSpore and PyTorch keep them. The train cell saves them before the forward pass and writes
-the saved values back when the step is skipped, so a skipped step leaves the whole network as
-it was.
-
-Per call (graph mode; nothing when the network has no such layer)::
+Every layer holding a non-trainable ``moving_mean``, ``running_mean``, ... Parameter (BatchNorm, SyncBatchNorm,
+InstanceNorm, ``mint.nn`` ones) updates it in the training forward pass, before any overflow check: a forward
+overflow would leave it inf or nan for good (MindSpore and PyTorch keep them). Per call (nothing without such
+layers)::
 
     saved = copy(statistics)                      # before the forward pass
-    ...                                           # forward, backward, decision
-    statistics = skipped ? saved : statistics     # one select and assign per statistic
+    statistics = skipped ? saved : statistics     # after the decision: one select and assign per statistic
 
 Example:
     >>> from mindspore import nn

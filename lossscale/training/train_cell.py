@@ -1,40 +1,28 @@
-"""``TrainOneStepWithLossScaleCell``: one compiled graph that scales, checks, unscales and steps.
+"""``TrainOneStepWithLossScaleCell``: one compiled graph that scales, checks, unscales and steps (design.md, 5).
 
 Per call (one training step, no host sync inside the graph)::
 
     loss  = network(*inputs)
-    grads = d(loss * S)/d(weights)                      # backward started with S in the loss dtype
-    grads = grads * (1 / S)                             # in float32 (float64 for float64), in each grad's dtype
-    grads = grad_reducer(grads)                         # all-reduce under data parallel
-    flag  = the backend's check of grads                # lossscale.core.overflow; with clipping: the global norm
-          + non-finite loss                             # is not finite (see lossscale.core.clipping)
-    overflow = all-reduce(flag) != 0                    # every rank takes the same decision
-    update cell(scale, overflow)                        # dynamic: back off / grow
-    counters(overflow)                                  # lossscale.training.bookkeeping
-    if not overflow: optimizer(clip(grads))             # skip = weights, moments and the
-                                                        # optimizer's global step are untouched
+    grads = d(loss * S)/d(weights) * (1 / S)            # unscaled in float32 (float64 for float64)
+    flag  = the backend's check of grads + non-finite loss   # all-reduced under data parallel
+    update cell(scale, overflow != 0); counters(overflow)
+    if not overflow: optimizer(clip(grads))             # skip: weights, moments, global step untouched
 
-Loss scaling itself (the scale, scaling, unscaling, the check, the update) is the
-:class:`lossscale.core.scaler.LossScaler` core this cell holds as ``loss_scaler``; accumulation
-(:mod:`lossscale.training.accumulation`), clipping (:mod:`lossscale.core.clipping`) and the counters,
-forensics and persistent-overflow policy (:mod:`lossscale.training.bookkeeping`) are parts of their own.
-
-"Skip" means the optimizer is not called at all: no weight, moment or ``global_step``
-changes, so a learning-rate schedule driven by the optimizer's step counter does not
-advance on skipped steps (as in MindSpore's own train cell); and the network's BatchNorm running
-statistics, updated by the forward pass, are written back (:mod:`lossscale.training.running_statistics`;
-MindSpore and PyTorch keep them, inf/nan after a forward overflow). With accumulation they are
-written back per micro-batch whose own loss or gradients overflowed.
+Loss scaling itself is the :class:`lossscale.core.scaler.LossScaler` core this cell holds as ``loss_scaler``;
+accumulation, clipping, the counters, forensics, the persistent-overflow policy and the BatchNorm statistics
+written back on a skipped step are parts of their own.
 """
 
 from mindspore import Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 
-from lossscale.core import overflow as _overflow
+from lossscale.core import gradients
+from lossscale.core._optimizers import check_optimizer_loss_scale, refuse_bfloat16_on_cpu
 from lossscale.core._validation import check_bool, check_int_in_range
 from lossscale.core.clipping import GlobalNormClip, global_norm
 from lossscale.core.compat import compile_again_at_next_call
-from lossscale.core.scaler import LossScaler, check_optimizer_loss_scale, refuse_bfloat16_on_cpu
+from lossscale.core.overflow import ASCEND_SATURATION
+from lossscale.core.scaler import LossScaler, apply_rule
 from lossscale.training.accumulation import GradientAccumulation
 from lossscale.training.arguments import (
     check_loss_output,
@@ -205,7 +193,7 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         # Restored on a skipped step (only when skipped steps are dropped, and only if the network has any).
         self.running_statistics = RunningStatistics.of(network) if self._drop_overflow_update else None
         self._extra_outputs, self._lr_per_micro_batch = _output_options(optimizer, extra_outputs, lr_per_micro_batch)
-        self._norm_decides = self.clipper is not None and self.overflow_check != _overflow.ASCEND_SATURATION
+        self._norm_decides = self.clipper is not None and self.overflow_check != ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
         self.hyper_map = ops.HyperMap()
@@ -367,7 +355,7 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         if last:
             mean = self.grad_reducer(self._accumulation.mean(self.weights))
             # Finite micro-batch gradients can still sum to inf in float32: the window's mean is checked too.
-            window_flag = window_flag + _overflow.nonfinite_indicator(self.hyper_map, mean)
+            window_flag = window_flag + gradients.nonfinite_indicator(self.hyper_map, mean)
             overflow, norm, learning_rate = self._finish_step(window_flag, mean)
             overflow = ops.depend(overflow, self._accumulation.reset())
             if self._lr_per_micro_batch and self._drop_overflow_update:  # a skipped window's last micro-batch counts
@@ -398,7 +386,7 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
             if not overflow:
                 overflow = ops.depend(overflow, self.optimizer(grads))
             else:
-                overflow = ops.depend(overflow, self.loss_scaler.refuse_non_finite_scale())
+                overflow = ops.depend(overflow, _refuse_non_finite_scale(self.loss_scaler.scale_value))
         else:
             overflow = ops.depend(overflow, self.optimizer(grads))
         return overflow, norm, learning_rate
@@ -416,7 +404,22 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
 
     def process_loss_scale(self, overflow):
         """Call the update cell (if any) with the scale Parameter; return the overflow flag."""
-        return self.loss_scaler.apply_rule(overflow)
+        return apply_rule(self.loss_scaler, overflow)
 
 
 TrainOneStepWithLossScaleCell.OWN_CONSTRUCT = TrainOneStepWithLossScaleCell.construct
+
+
+def _refuse_non_finite_scale(scale):
+    """Graph, in the branch that skips a step (after the rule ran: a dynamic rule brings an inf scale back within
+    its bounds): ``ValueError`` if the scale is not finite. A non-finite fixed scale written into a running cell
+    (``load_param_into_net``, ``Parameter.set_data``) would skip every step from then on. The train cell compiles a
+    new graph at its next call, so once a finite scale is written back it trains on."""
+    scale = scale.reshape(())
+    if not ops.isfinite(scale):
+        raise ValueError(
+            "the loss scale is not finite (it was written into the running cell, by load_param_into_net or "
+            "set_data?): every step would be skipped. Write a finite scale back with load_state_dict({'loss_scale': "
+            "S}) (a fixed update cell: its own S) or set_sense_scale(), and the cell trains on."
+        )
+    return scale

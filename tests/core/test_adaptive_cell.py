@@ -15,7 +15,6 @@ from train_cell_harness import same_weights, save_cell_checkpoint
 from conftest import UpdateCellDriver
 from lossscale import AdaptiveLossScaleUpdateCell, LossScaler, TrainOneStepWithLossScaleCell
 from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
-from lossscale.core.adaptive_cell import adaptive_state_dict
 
 BOUNDS = {"default": (1000, 20), "small": (30, 4)}
 
@@ -43,7 +42,7 @@ def drivers():
 def test_graph_cell_equals_the_rule_on_random_schedules(drivers, flags, name):
     driver = drivers[name]
     rule = AdaptiveWindowRule(2.0**10, 2, BOUNDS[name][1], *BOUNDS[name])
-    driver.update_cell.load_state_dict(adaptive_state_dict(rule.initial_state()))
+    driver.update_cell.load_state_dict(rule.state_dict(rule.initial_state()))
     expected = [astuple(state) for state in run_adaptive(rule, flags)]
     assert _cell_states(driver, flags) == expected
 
@@ -136,20 +135,20 @@ def test_a_named_core_prefixes_the_window_parameters():
 
 
 def test_a_core_sets_an_adaptive_state_and_refuses_another_rule():
+    """A mutable core takes a new state and initial scale; another factor or other window levels are constants of
+    its update graph, so such a rule is refused, naming what is fixed."""
     rule = AdaptiveWindowRule(8.0, 2, 20)
-    core = LossScaler(rule, name="adaptive_set_rule")
+    core = LossScaler(rule, name="adaptive_set_rule", mutable_rule=True)
     state = run_adaptive(rule, [False] * 45 + [True])[-1]
     core.set_rule(dataclasses.replace(rule, init_scale=64.0), state)
     assert core.update_cell.get_state() == state and core.get_scale() == state.scale
-    for arguments, message in [
-        (dict(dynamic=False), "always dynamic"),
-        (dict(policy=dataclasses.replace(rule, scale_factor=4)), "factor and window levels are fixed"),
-        (dict(policy=dataclasses.replace(rule, max_scale_window=500)), "factor and window levels are fixed"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            core.set_rule(**arguments)
+    for changed in (dict(scale_factor=4), dict(max_scale_window=500)):
+        with pytest.raises(ValueError, match="'rule' must have this update cell's structure"):
+            core.set_rule(dataclasses.replace(rule, **changed))
         assert core.update_cell.get_state() == state
-    assert core.update_cell.read_good_steps() == state.good_steps == 0
+    assert core.update_cell.read("good_steps") == state.good_steps == 0
+    with pytest.raises(RuntimeError, match="needs a LossScaler built with mutable_rule=True"):
+        LossScaler(rule, name="adaptive_set_rule_constant").set_rule(state=state)
 
 
 @pytest.mark.parametrize(

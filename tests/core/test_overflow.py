@@ -17,18 +17,18 @@ from lossscale import (
     get_preset,
 )
 from lossscale.core.compat import ascend_saturation_only
+from lossscale.core.gradients import fingerprint, nonfinite_indicator
 from lossscale.core.overflow import (
     AllFiniteCheck,
     AscendSaturationCheck,
     FloatStatusCheck,
     IsFiniteCheck,
     current_overflow_check,
-    fingerprint,
     initial_status,
     make_overflow_check,
-    nonfinite_indicator,
 )
 from lossscale.core.policy import run
+from lossscale.core.scaler import scale_tensor
 
 SELECTION = [
     # device target, MS_ASCEND_CHECK_OVERFLOW_MODE, SoC saturation-only (910A), expected check
@@ -543,9 +543,9 @@ def test_core_get_scale_inside_a_compiled_function(frozen):
 
     @ms.jit
     def traced(x):
-        return isinstance(core.get_scale(), float), x * core.get_scale(), core.get_scale_tensor() * x
+        return isinstance(core.get_scale(), float), x * core.get_scale(), scale_tensor(core) * x
 
-    eager = core.get_scale_tensor()
+    eager = scale_tensor(core)
     assert isinstance(eager, Tensor) and eager.dtype == mstype.float32 and float(eager.asnumpy()) == 8.0
     is_float, product, tensor_product = traced(Tensor(np.float32(2.0)))
     assert bool(is_float) is frozen

@@ -65,7 +65,7 @@ def test_defaults_are_the_frameworks():
         torch.is_enabled(),
     ) == (65536.0, 2.0, 0.5, 2000, True)
     # the rules: PyTorch backs off on every overflow and has no floor; Paddle after 2 consecutive ones
-    assert torch._policy == get_preset("pytorch") and paddle._policy == get_preset("paddle")
+    assert torch._rule == get_preset("pytorch") and paddle._rule == get_preset("paddle")
 
 
 def test_signatures_show_real_defaults():
@@ -139,7 +139,7 @@ def test_bad_arguments_are_refused(kwargs, error, pattern):
 
 def test_policy_argument_accepts_presets():
     scaler = GradScaler(policy="pytorch")
-    assert scaler.get_scale() == 65536.0 and scaler._policy == get_preset("pytorch")
+    assert scaler.get_scale() == 65536.0 and scaler._rule == get_preset("pytorch")
     assert type(GradScaler.from_preset("pytorch")) is TorchGradScaler
     assert GradScaler.from_preset("megatron").get_decr_every_n_nan_or_inf() == 2
 

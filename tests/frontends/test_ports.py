@@ -15,7 +15,7 @@ def test_pytorchs_grad_scaler_with_no_arguments_is_pytorchs():
     from lossscale.torch import GradScaler
 
     scaler = GradScaler()
-    assert isinstance(scaler, lossscale.TorchGradScaler) and scaler._policy == get_preset("pytorch")
+    assert isinstance(scaler, lossscale.TorchGradScaler) and scaler._rule == get_preset("pytorch")
     assert (scaler.get_scale(), scaler.get_growth_interval(), scaler.is_enabled()) == (65536.0, 2000, True)
     assert sorted(scaler.state_dict()) == sorted(TORCH.state_keys)
     assert list(inspect.signature(GradScaler).parameters)[:6] == [name for name, _ in TORCH.arguments]
@@ -25,7 +25,7 @@ def test_paddles_grad_scaler_is_paddles_alone():
     from lossscale.paddle import GradScaler
 
     scaler = GradScaler()
-    assert scaler._policy == get_preset("paddle") and sorted(scaler.state_dict()) == sorted(PADDLE.state_keys)
+    assert scaler._rule == get_preset("paddle") and sorted(scaler.state_dict()) == sorted(PADDLE.state_keys)
     assert (scaler.get_init_loss_scaling(), scaler.get_decr_every_n_nan_or_inf()) == (32768.0, 2)
     with pytest.raises(TypeError, match="'enable' must be a bool"):  # no turn to PyTorch's spelling
         GradScaler("cuda")

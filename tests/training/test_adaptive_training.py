@@ -18,7 +18,6 @@ from lossscale import (
     restore_loss_scale,
 )
 from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
-from lossscale.core.adaptive_cell import adaptive_state_dict
 
 SCHEDULE = [False] * 12 + [True] * 3 + [False] * 9 + [True, False, True, True] + [False] * 8
 
@@ -54,7 +53,7 @@ def test_model_trains_with_the_manager_and_the_device_follows_the_rule():
     expected = run_adaptive(AdaptiveWindowRule(2**10, 2, 4, 40, 4), SCHEDULE)
     assert [record["overflow"] for record in monitor.records] == SCHEDULE
     assert [record["next_loss_scale"] for record in monitor.records] == [state.scale for state in expected]
-    assert manager.state_dict() == adaptive_state_dict(expected[-1])
+    assert manager.state_dict() == manager.rule.state_dict(expected[-1])
 
 
 def _train_cell(network=None):
@@ -96,7 +95,7 @@ def test_build_train_network_and_the_core_take_the_rule():
     train_net = build_train_network(net, nn.SGD(net.trainable_params(), 1e-3), nn.MSELoss(), loss_scale_manager=manager)
     assert isinstance(train_net.loss_scaling_manager, AdaptiveLossScaleUpdateCell)
     core = LossScaler(AdaptiveWindowRule(8.0, 2, 40), name="adaptive_rule_core")
-    assert core.dynamic and core.policy == AdaptiveWindowRule(8.0, 2, 40) and core.state_dict()["scale_window"] == 40
+    assert core.dynamic and core.rule == AdaptiveWindowRule(8.0, 2, 40) and core.state_dict()["scale_window"] == 40
     with pytest.raises(ValueError, match=r"\[min_loss_scale, max_loss_scale\] = \[1.0"):
         core.set_scale(0.5)
 

@@ -7,8 +7,8 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
-from mindspore.train import Accuracy, Callback, CheckpointConfig, LossMonitor, ModelCheckpoint
-from nets import keras_step, regression_batches, regression_net, snapshot, with_inf
+from mindspore.train import Accuracy, CheckpointConfig, LossMonitor, ModelCheckpoint
+from nets import StepRecorder, keras_step, regression_batches, regression_net, snapshot, with_inf
 
 from lossscale import (
     AdaptiveLossScaleManager,
@@ -46,18 +46,6 @@ def _classification_data_with_inf():
 
 def _dataset(x, y):
     return ds.NumpySlicesDataset({"data": x, "label": y}, shuffle=False).batch(8)
-
-
-class StepRecorder(Callback):
-    """Records (overflow, scale) from the train network's outputs after every step."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows = []
-
-    def on_train_step_end(self, run_context):
-        outputs = run_context.original_args().net_outputs
-        self.rows.append((bool(outputs[1].asnumpy()), float(outputs[2].asnumpy())))
 
 
 def _loss_fn():
@@ -477,7 +465,7 @@ def test_a_loss_scale_optimizer_given_to_model_is_refused_with_the_translation_t
     with pytest.raises(TypeError, match=re.escape(f"DynamicLossScaleManager.from_policy({get_preset('keras')!r})")):
         Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy="keras"))
     adaptive = get_preset("mindformers")
-    with pytest.raises(TypeError, match=re.escape(f"AdaptiveLossScaleManager.from_policy({adaptive!r})")):
+    with pytest.raises(TypeError, match=re.escape(f"DynamicLossScaleManager.from_policy({adaptive!r})")):
         Model(net, _loss_fn(), LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.1), policy=adaptive))
 
     manager = DynamicLossScaleManager.from_policy(get_preset("tf_keras", init_scale=1024.0, growth_interval=3))

@@ -240,7 +240,7 @@ def test_set_rule_needs_a_mutable_rule(rule):
     nothing (without the check: an AttributeError from the update cell, or None's)."""
     core = LossScaler(rule, name=f"immutable_rule_{type(rule).__name__}")
     dynamic, state = core.dynamic, core.state_dict()
-    for change in (dict(dynamic=not dynamic), dict(policy=LossScalePolicy(init_scale=4.0)), dict(state=state)):
+    for change in (dict(dynamic=not dynamic), dict(rule=LossScalePolicy(init_scale=4.0)), dict(state=state)):
         with pytest.raises(RuntimeError, match=r"set_rule\(\) needs a LossScaler built with mutable_rule=True"):
             core.set_rule(**change)
     assert (core.dynamic, core.state_dict()) == (dynamic, state)
