@@ -42,6 +42,7 @@ from lossscale.core.rule import (
     run,
     where,
 )
+from lossscale.core.spelling import MINDFORMERS_CELL, errors_named
 from lossscale.core.update_cells import LossScaleUpdateCell
 
 HIDDEN = -1  # the level of the window of 1, below the lowest level
@@ -341,38 +342,19 @@ class AdaptiveLossScaleUpdateCell(LossScaleUpdateCell):
         *,
         mutable=False,
     ):
-        rule = adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
+        with errors_named(MINDFORMERS_CELL):
+            rule = AdaptiveWindowRule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
         super().__init__(rule, mutable=mutable, loss_scale_value=loss_scale_value)
 
     @classmethod
-    def of_rule(cls, rule, mutable=False):
-        return cls.from_rule(rule, mutable)
-
-    @classmethod
     def from_rule(cls, rule, mutable=False):
-        """The cell of an :class:`AdaptiveWindowRule`.
+        """The cell of an :class:`AdaptiveWindowRule`: :meth:`of_rule`.
 
         Example:
             >>> AdaptiveLossScaleUpdateCell.from_rule(AdaptiveWindowRule(8.0, 2, 40)).state_dict()["scale_window"]
             40
         """
-        return cls(
-            rule.init_scale,
-            rule.scale_factor,
-            rule.scale_window,
-            rule.max_scale_window,
-            rule.min_scale_window,
-            mutable=mutable,
-        )
+        return cls.of_rule(rule, mutable)
 
 
 AdaptiveWindowRule.cell_class = AdaptiveLossScaleUpdateCell
-
-
-def adaptive_rule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window, init_name=None):
-    """The :class:`AdaptiveWindowRule`, its errors naming the initial scale ``init_name`` (default MindFormers'
-    ``loss_scale_value``)."""
-    try:
-        return AdaptiveWindowRule(loss_scale_value, scale_factor, scale_window, max_scale_window, min_scale_window)
-    except (TypeError, ValueError) as error:
-        raise type(error)(str(error).replace("'init_scale'", f"'{init_name or 'loss_scale_value'}'")) from None

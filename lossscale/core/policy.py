@@ -39,6 +39,7 @@ from lossscale.core.rule import (
     where,
 )
 from lossscale.core.rule import run as _run
+from lossscale.core.spelling import MINDSPORE_CELL, errors_named, rule_fields
 from lossscale.core.update_cells import LossScaleUpdateCell
 
 _F32 = np.float32
@@ -237,7 +238,8 @@ class LossScalePolicy(LossScaleRule):
             if value is None:
                 raise TypeError(f"'{names[name]}' must be a number, but got None.")
         try:
-            return build_policy(names, **dict(vars(self), **fields))
+            with errors_named(names):
+                return LossScalePolicy(**dict(vars(self), **fields))
         except ValueError as error:
             raise AssertionValueError(str(error)) from None
 
@@ -263,68 +265,6 @@ def _within(scale, good_steps, left, floor, ceiling, window, full):
     that is not finite restarts from the ceiling; a valid state passes through unchanged."""
     scale = where(isfinite(scale), minimum(maximum(scale, floor), ceiling), ceiling)
     return scale, minimum(maximum(good_steps, 0), window - 1), minimum(maximum(left, 1), full)
-
-
-_MINDSPORE_NAMES = {
-    "growth_factor": "scale_factor",
-    "growth_interval": "scale_window",
-    "min_scale": "min_loss_scale",
-    "max_scale": "max_loss_scale",
-}
-
-
-def build_policy(names, **fields):
-    """``LossScalePolicy(**fields)``, with errors naming each field as the caller spells it (``names`` maps policy
-    fields to the caller's argument names, e.g. Paddle's ``{"growth_factor": "incr_ratio"}``).
-
-    Example:
-        >>> try:
-        ...     build_policy({"growth_factor": "incr_ratio"}, growth_factor=0.5)
-        ... except ValueError as error:
-        ...     print(str(error).split(" must")[0])
-        'incr_ratio'
-    """
-    try:
-        return LossScalePolicy(**fields)
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        for field, name in names.items():
-            message = message.replace(f"'{field}'", f"'{name}'")
-        raise type(error)(message) from None
-
-
-def policy_from_mindspore_arguments(init_name, init_scale, scale_factor, scale_window, **extensions):
-    """A :class:`LossScalePolicy` from MindSpore-style arguments; errors name each as the caller spelled it.
-
-    Example:
-        >>> policy_from_mindspore_arguments("init_loss_scale", 1024, 2, 100, min_loss_scale=4.0).min_scale
-        4.0
-    """
-    return build_policy(
-        dict(_MINDSPORE_NAMES, init_scale=init_name),
-        init_scale=init_scale,
-        growth_factor=scale_factor,
-        growth_interval=scale_window,
-        backoff_factor=extensions.get("backoff_factor"),
-        hysteresis=extensions.get("hysteresis", 1),
-        consecutive_hysteresis=extensions.get("consecutive_hysteresis", False),
-        refill_hysteresis_on_backoff=extensions.get("refill_hysteresis_on_backoff", False),
-        min_scale=extensions.get("min_loss_scale", 1.0),
-        max_scale=extensions.get("max_loss_scale"),
-    )
-
-
-def policy_extensions(policy):
-    """The keyword extensions (MindSpore spelling) that rebuild ``policy`` with
-    :func:`policy_from_mindspore_arguments`: everything but the initial scale, factor and window."""
-    return {
-        "backoff_factor": policy.backoff_factor,
-        "hysteresis": policy.hysteresis,
-        "consecutive_hysteresis": policy.consecutive_hysteresis,
-        "refill_hysteresis_on_backoff": policy.refill_hysteresis_on_backoff,
-        "min_loss_scale": policy.min_scale,
-        "max_loss_scale": policy.max_scale,
-    }
 
 
 # MindSpore's update cell reads scale_factor/scale_window when it compiles, so assigning them before the first step
@@ -368,31 +308,21 @@ class DynamicLossScaleUpdateCell(LossScaleUpdateCell):
     )
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, mutable_rule=False, **extensions):
-        policy = policy_from_mindspore_arguments(
-            "loss_scale_value", loss_scale_value, scale_factor, scale_window, **extensions
-        )
+        arguments = dict(extensions, loss_scale_value=loss_scale_value, scale_factor=scale_factor)
+        with errors_named(MINDSPORE_CELL):
+            policy = LossScalePolicy(**rule_fields(MINDSPORE_CELL, dict(arguments, scale_window=scale_window)))
         super().__init__(policy, mutable=check_bool("mutable_rule", mutable_rule), loss_scale_value=loss_scale_value)
 
     @classmethod
-    def of_rule(cls, rule, mutable=False):
-        return cls.from_policy(rule, mutable)
-
-    @classmethod
     def from_policy(cls, policy, mutable_rule=False):
-        """An update cell applying ``policy`` (e.g. a preset).
+        """An update cell applying ``policy`` (e.g. a preset): :meth:`of_rule`.
 
         Example:
             >>> from lossscale.core.presets import get_preset
             >>> DynamicLossScaleUpdateCell.from_policy(get_preset("pytorch")).get_loss_scale()
             65536.0
         """
-        return cls(
-            policy.init_scale,
-            policy.growth_factor,
-            policy.growth_interval,
-            mutable_rule=mutable_rule,
-            **policy_extensions(policy),
-        )
+        return cls.of_rule(policy, mutable_rule)
 
     good_steps = property(lambda self: self.counters[0], doc="The Parameter of the clean steps toward a growth.")
     hysteresis_left = property(lambda self: self.counters[1], doc="The Parameter of the overflows until a backoff.")

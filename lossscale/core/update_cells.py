@@ -20,6 +20,7 @@ from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, outside_graph, read_scalar, write_parameter
 from lossscale.core._validation import check_bool, check_real, read_only
 from lossscale.core.rule import SCALE, VIEW, FixedRule, LossScaleRule
+from lossscale.core.spelling import MINDSPORE_CELL, errors_named
 
 _DTYPES = {"float32": mstype.float32, "int32": mstype.int32}
 _OVERFLOW_MEANING = "True: back off; the decision, such as LossScaler.is_overflow(flag) of the check's float flag"
@@ -138,8 +139,11 @@ class LossScaleUpdateCell(nn.Cell):
 
     @classmethod
     def of_rule(cls, rule, mutable=False):
-        """A cell of this class holding ``rule`` (what :func:`update_cell_of` builds)."""
-        return cls(rule, mutable=mutable)
+        """A cell of this class holding ``rule`` (what :func:`update_cell_of` builds): the rule goes in as it is,
+        never back through the class's own arguments."""
+        cell = cls.__new__(cls)
+        LossScaleUpdateCell.__init__(cell, rule, mutable=mutable)
+        return cell
 
     @property
     def dynamic(self):
@@ -293,21 +297,13 @@ class FixedLossScaleUpdateCell(LossScaleUpdateCell):
 
     def __init__(self, loss_scale_value):
         check_real("loss_scale_value", loss_scale_value)
-        super().__init__(
-            _named(FixedRule, "loss_scale_value", init_scale=loss_scale_value), loss_scale_value=loss_scale_value
-        )
+        with errors_named(MINDSPORE_CELL):
+            rule = FixedRule(init_scale=loss_scale_value)
+        super().__init__(rule, loss_scale_value=loss_scale_value)
 
     @classmethod
     def of_rule(cls, rule, mutable=False):
-        return cls(rule.init_scale)
-
-
-def _named(rule_class, init_name, **fields):
-    """``rule_class(**fields)`` with errors naming the initial scale ``init_name`` (the caller's argument)."""
-    try:
-        return rule_class(**fields)
-    except (TypeError, ValueError) as error:
-        raise type(error)(str(error).replace("'init_scale'", f"'{init_name}'")) from None
+        return super().of_rule(rule)  # a fixed scale has nothing to change
 
 
 def update_cell_of(rule, mutable=False):

@@ -3,7 +3,7 @@
 A record holds the constructor's arguments with their defaults (in order), the framework's names for what a rule's
 view says (:meth:`lossscale.core.rule.LossScaleRule.view`: ``init_scale``, ``growth_factor``, ...), the keys of its
 state dict and its accessors. The front-ends bind their arguments, build their rule, name their errors, save and load
-their state and generate their accessors from it. MindSpore's and MindFormers' names are their classes' own.
+their state and generate their accessors from it. MindSpore's and MindFormers' are in :mod:`lossscale.core.spelling`.
 
 Example:
     >>> PADDLE.defaults["incr_every_n_steps"], TORCH.defaults["growth_interval"], PADDLE.name_of("growth_factor")

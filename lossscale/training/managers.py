@@ -13,9 +13,10 @@ from mindspore.amp import LossScaleManager
 
 from lossscale.core._parameters import host_flags
 from lossscale.core._validation import check_bool, check_finite_in_range, read_only
-from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, adaptive_rule
-from lossscale.core.policy import policy_from_mindspore_arguments
+from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, AdaptiveWindowRule
+from lossscale.core.policy import LossScalePolicy
 from lossscale.core.rule import FixedRule
+from lossscale.core.spelling import MINDFORMERS_MANAGER, MINDSPORE_MANAGER, errors_named, rule_fields
 from lossscale.core.update_cells import FixedLossScaleUpdateCell, check_rule, update_cell_of
 from lossscale.training.bookkeeping import PersistentOverflowError
 
@@ -120,9 +121,9 @@ class DynamicLossScaleManager(LossScaleManager):
     policy = read_only("policy", _MANAGER_ADVICE, lambda self: self._rule)
 
     def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, **extensions):
-        rule = policy_from_mindspore_arguments(
-            "init_loss_scale", init_loss_scale, scale_factor, scale_window, **extensions
-        )
+        arguments = dict(extensions, init_loss_scale=init_loss_scale, scale_factor=scale_factor)
+        with errors_named(MINDSPORE_MANAGER):
+            rule = LossScalePolicy(**rule_fields(MINDSPORE_MANAGER, dict(arguments, scale_window=scale_window)))
         self._adopt(rule, (scale_factor, scale_window))
 
     def _adopt(self, rule, arguments=(None, None)):
@@ -264,9 +265,8 @@ class AdaptiveLossScaleManager(DynamicLossScaleManager):
         max_scale_window=MAX_SCALE_WINDOW,
         min_scale_window=MIN_SCALE_WINDOW,
     ):
-        rule = adaptive_rule(
-            init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window, "init_loss_scale"
-        )
+        with errors_named(MINDFORMERS_MANAGER):
+            rule = AdaptiveWindowRule(init_loss_scale, scale_factor, scale_window, max_scale_window, min_scale_window)
         self._adopt(rule, (scale_factor, scale_window))
 
     @property
