@@ -32,6 +32,8 @@ from lossscale.core._validation import (
 from lossscale.core.rule import (
     LossScaleRule,
     StateField,
+    advance,
+    as_mapping,
     host_or_graph,
     isfinite,
     logical_and,
@@ -119,7 +121,7 @@ class AdaptiveWindowRule(LossScaleRule):
 
     Example:
         >>> rule = AdaptiveWindowRule(init_scale=8.0, scale_factor=2, scale_window=20)
-        >>> rule.levels[:3], rule.advance(rule.initial_state(), True).scale
+        >>> rule.levels[:3], advance(rule, rule.initial_state(), True).scale
         ((20, 30, 40), 4.0)
     """
 
@@ -243,7 +245,7 @@ class AdaptiveWindowRule(LossScaleRule):
 
     def extras(self, state):
         """The window bounds and the window state (MindFormers' names), besides the view."""
-        state = self.as_mapping(state)
+        state = as_mapping(self, state)
         return dict(
             max_scale_window=self.max_scale_window,
             min_scale_window=self.min_scale_window,
@@ -297,7 +299,7 @@ def update_adaptive(rule, state, overflow):
         >>> update_adaptive(rule, rule.initial_state(), True)
         AdaptiveState(scale=4.0, window=20, level=0, ups=0, downs=1, step=2, last_step=1)
     """
-    return rule.advance(state, bool(overflow))
+    return advance(rule, state, bool(overflow))
 
 
 def run_adaptive(rule, overflows, state=None):

@@ -30,11 +30,15 @@ from lossscale.core._validation import (
 from lossscale.core.rule import (
     LossScaleRule,
     StateField,
+    advance,
+    as_mapping,
+    from_state_dict,
     host_or_graph,
     isfinite,
     maximum,
     minimum,
     state_dict_values,  # noqa: F401 (the state-dict readers, where they have always been)
+    state_names,
     state_value,  # noqa: F401
     where,
 )
@@ -185,7 +189,7 @@ class LossScalePolicy(LossScaleRule):
         return self.floor, self.ceiling
 
     def check_state(self, state, names=None):
-        names = names or {name: f"state.{name}" for name in self.names()}
+        names = names or {name: f"state.{name}" for name in state_names(self)}
         check_finite_in_range(names["scale"], state["scale"], low=self.floor, high=self.ceiling)
         check_int_in_range(names["good_steps"], state["good_steps"], low=0, high=self.growth_interval - 1)
         check_int_in_range(names["hysteresis_left"], state["hysteresis_left"], low=1, high=self.hysteresis)
@@ -248,7 +252,7 @@ class LossScalePolicy(LossScaleRule):
 
     def within(self, state):
         """The counters clipped to this rule's window and hysteresis; the scale kept."""
-        state = self.as_mapping(state)
+        state = as_mapping(self, state)
         return LossScaleState(
             scale=state["scale"],
             good_steps=min(state["good_steps"], self.growth_interval - 1),
@@ -377,7 +381,7 @@ def state_from_dict(policy, state_dict, owner="state_dict"):
         >>> state_from_dict(LossScalePolicy(init_scale=8.0), {"loss_scale": 4.0, "good_steps": 2, "hysteresis_left": 1})
         LossScaleState(scale=4.0, good_steps=2, hysteresis_left=1)
     """
-    return LossScaleState(**policy.state_from_dict(state_dict, owner))
+    return LossScaleState(**from_state_dict(policy, state_dict, owner))
 
 
 def initial_state(policy):
@@ -399,7 +403,7 @@ def update(policy, state, overflow):
         8.0
     """
     check_state(policy, state)
-    return policy.advance(state, overflow)
+    return advance(policy, state, overflow)
 
 
 def run(policy, overflows, state=None):

@@ -241,70 +241,6 @@ class LossScaleRule:
         """A host state as callers see it (a rule may return its own state class); default the dict itself."""
         return dict(state)
 
-    # ---- the host side, not overridden ------------------------------------------------------------------------
-    def names(self):
-        """The state's names: ``"scale"``, then each counter's."""
-        return ("scale",) + tuple(field.name for field in self.fields)
-
-    def as_mapping(self, state, argument="state"):
-        """A state (a dict, or the rule's state class) as a dict of its names; ``TypeError`` naming ``argument``
-        for anything else, or a state without one of the names."""
-        names = self.names()
-        if isinstance(state, Mapping) and all(name in state for name in names):
-            return {name: state[name] for name in names}
-        if not isinstance(state, (Mapping, tuple, list)) and all(hasattr(state, name) for name in names):
-            return {name: getattr(state, name) for name in names}
-        raise TypeError(
-            f"'{argument}' must be a state of {type(self).__name__}: a dict (or its state class) of {list(names)}, "
-            f"but got {state!r} of type {type(state).__name__}."
-        )
-
-    def host_state(self, state):
-        """``state`` and :meth:`settings` as NumPy float32 and int32 scalars, in :meth:`update`'s order: the host's
-        form of its input (so that its arithmetic rounds as the device's)."""
-        values = [dtype(value) for (_, dtype), value in zip(_layout(self), self._values(state))]
-        return tuple(values) + _settings_values(self)
-
-    def host_view(self, state):
-        """:meth:`view` of a host state as ``{name: Python number}`` (None without a view)."""
-        view = self.view(*self.host_state(state))
-        return None if view is None else {name: _python(value) for name, value in zip(VIEW, view)}
-
-    def _values(self, state):
-        names = [name for name, _ in _layout(self)]
-        if isinstance(state, Mapping):
-            return [state[name] for name in names]
-        return [getattr(state, name) for name in names]
-
-    def advance(self, state, overflow, statistics=None):
-        """:meth:`update` on the host: the next state (:meth:`as_state`).
-
-        Example:
-            >>> FixedRule(8.0).advance({"scale": 8.0}, True)
-            {'scale': 8.0}
-        """
-        if not isinstance(overflow, (bool, np.bool_)):  # a truthy "no" or 1 is not a decision
-            raise TypeError(f"'overflow' must be a bool, but got {overflow!r} of type {type(overflow).__name__}.")
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # float32 arithmetic, as on the device
-            new = self.update(np.bool_(overflow), tuple(statistics or ()), *self.host_state(state))
-        return self.as_state({name: dtype(value).item() for (name, dtype), value in zip(_layout(self), new)})
-
-    def state_dict(self, state):
-        """``state`` under its state-dict keys (``loss_scale``, then each counter's key)."""
-        state = self.as_mapping(state)
-        return {field.key: state[field.name] for field in (SCALE, *self.fields)}
-
-    def state_from_dict(self, state_dict, owner="state_dict"):
-        """The state a :meth:`state_dict` holds, checked by :meth:`check_state`; errors name the key."""
-        fields = (SCALE, *self.fields)
-        values = state_dict_values(state_dict, tuple(field.key for field in fields), owner)
-        for field in self.fields:
-            if field.dtype == INT32 and not isinstance(values[field.key], int):
-                raise TypeError(f"'{owner}[{field.key!r}]' must be an int, but got {values[field.key]!r}.")
-        state = {field.name: values[field.key] for field in fields}
-        state["scale"] = float(state["scale"])
-        return self.check_state(state, {field.name: f"{owner}[{field.key!r}]" for field in fields})
-
 
 @functools.lru_cache(maxsize=None)
 def _class_layout(rule_class):
@@ -333,6 +269,73 @@ def _settings_values(rule):
         return _cached_settings(rule)
     except TypeError:  # an unhashable rule (a user's, with a list field, say)
         return tuple(_setting_value(value) for value in rule.settings().values())
+
+
+# ---- the host side of any rule -----------------------------------------------------------------------------------
+def state_names(rule):
+    """The names of ``rule``'s state: ``"scale"``, then each counter's."""
+    return ("scale",) + tuple(field.name for field in rule.fields)
+
+
+def as_mapping(rule, state, argument="state"):
+    """A state of ``rule`` (a dict, or the rule's state class) as a dict of its names; ``TypeError`` naming
+    ``argument`` for anything else, or a state without one of the names."""
+    names = state_names(rule)
+    if isinstance(state, Mapping) and all(name in state for name in names):
+        return {name: state[name] for name in names}
+    if not isinstance(state, (Mapping, tuple, list)) and all(hasattr(state, name) for name in names):
+        return {name: getattr(state, name) for name in names}
+    raise TypeError(
+        f"'{argument}' must be a state of {type(rule).__name__}: a dict (or its state class) of {list(names)}, "
+        f"but got {state!r} of type {type(state).__name__}."
+    )
+
+
+def host_state(rule, state):
+    """``state`` and ``rule.settings()`` as NumPy float32 and int32 scalars, in the update's order: the host's form
+    of its input (so that its arithmetic rounds as the device's)."""
+    mapping = as_mapping(rule, state)
+    values = [dtype(mapping[name]) for name, dtype in _layout(rule)]
+    return tuple(values) + _settings_values(rule)
+
+
+def host_view(rule, state):
+    """``rule.view`` of a host state as ``{name: Python number}`` (None for a rule without a view)."""
+    view = rule.view(*host_state(rule, state))
+    return None if view is None else {name: _python(value) for name, value in zip(VIEW, view)}
+
+
+def advance(rule, state, overflow, statistics=None):
+    """``rule.update`` on the host: the next state (``rule.as_state``).
+
+    Example:
+        >>> advance(FixedRule(8.0), {"scale": 8.0}, True)
+        {'scale': 8.0}
+    """
+    if not isinstance(overflow, (bool, np.bool_)):  # a truthy "no" or 1 is not a decision
+        raise TypeError(f"'overflow' must be a bool, but got {overflow!r} of type {type(overflow).__name__}.")
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # float32 arithmetic, as on the device
+        new = rule.update(np.bool_(overflow), tuple(statistics or ()), *host_state(rule, state))
+    return rule.as_state({name: dtype(value).item() for (name, dtype), value in zip(_layout(rule), new)})
+
+
+def to_state_dict(rule, state):
+    """``state`` under its state-dict keys (``loss_scale``, then each counter's key)."""
+    state = as_mapping(rule, state)
+    return {field.key: state[field.name] for field in (SCALE, *rule.fields)}
+
+
+def from_state_dict(rule, saved, owner="state_dict"):
+    """The state (a dict) that ``saved``, a :func:`to_state_dict`, holds, checked by ``rule.check_state``; errors name
+    the key."""
+    fields = (SCALE, *rule.fields)
+    values = state_dict_values(saved, tuple(field.key for field in fields), owner)
+    for field in rule.fields:
+        if field.dtype == INT32 and not isinstance(values[field.key], int):
+            raise TypeError(f"'{owner}[{field.key!r}]' must be an int, but got {values[field.key]!r}.")
+    state = {field.name: values[field.key] for field in fields}
+    state["scale"] = float(state["scale"])
+    return rule.check_state(state, {field.name: f"{owner}[{field.key!r}]" for field in fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +383,7 @@ def _python(value):
 
 
 def run(rule, overflows: Iterable[bool], state=None):
-    """:meth:`LossScaleRule.advance` for each overflow flag, from ``state`` (default the initial one); the state after
+    """:func:`advance` for each overflow flag, from ``state`` (default the initial one); the state after
     every step.
 
     Example:
@@ -390,6 +393,6 @@ def run(rule, overflows: Iterable[bool], state=None):
     state = rule.initial_state() if state is None else state
     trajectory = []
     for overflow in overflows:
-        state = rule.advance(state, overflow)
+        state = advance(rule, state, overflow)
         trajectory.append(state)
     return trajectory

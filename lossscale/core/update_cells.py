@@ -19,7 +19,17 @@ from mindspore.ops import constexpr
 from lossscale.core._naming import check_name
 from lossscale.core._parameters import host_array, outside_graph, read_scalar, write_parameter
 from lossscale.core._validation import check_bool, check_real, read_only
-from lossscale.core.rule import SCALE, VIEW, FixedRule, LossScaleRule
+from lossscale.core.rule import (
+    SCALE,
+    VIEW,
+    FixedRule,
+    LossScaleRule,
+    as_mapping,
+    from_state_dict,
+    host_state,
+    host_view,
+    to_state_dict,
+)
 from lossscale.core.spelling import MINDSPORE_CELL, errors_named
 
 _DTYPES = {"float32": mstype.float32, "int32": mstype.int32}
@@ -116,7 +126,7 @@ class LossScaleUpdateCell(nn.Cell):
         self._rule, self._mutable = check_rule(rule), check_bool("mutable", mutable)
         self._loss_scale_value = rule.init_scale if loss_scale_value is None else loss_scale_value
         self._binding = _Binding()
-        start = rule.as_mapping(rule.initial_state())
+        start = as_mapping(rule, rule.initial_state())
         self._initial_scale = start["scale"]
         self.counters = ParameterTuple(
             Parameter(Tensor(start[field.name], _DTYPES[field.dtype]), name=field.parameter, requires_grad=False)
@@ -129,7 +139,7 @@ class LossScaleUpdateCell(nn.Cell):
     def _setting_values(self, rule):
         """The settings as float32/int32 Tensors: constants of the graph, or Parameters when the rule is mutable."""
         values = []
-        held = rule.host_state(rule.initial_state())[1 + len(rule.fields) :]
+        held = host_state(rule, rule.initial_state())[1 + len(rule.fields) :]
         for name, value in zip(self._setting_names, held):
             tensor = Tensor(value, _DTYPES[str(value.dtype)])
             values.append(
@@ -193,7 +203,7 @@ class LossScaleUpdateCell(nn.Cell):
 
     def set_state(self, state):
         """Write a state (the rule's form or a dict), checked by the rule first."""
-        mapping = self._rule.check_state(self._rule.as_mapping(state), _field_names(self._rule, "state."))
+        mapping = self._rule.check_state(as_mapping(self._rule, state), _field_names(self._rule, "state."))
         for field, parameter in zip(self._rule.fields, self.counters):
             write_parameter(parameter, mapping[field.name])
         self._initial_scale = float(np.float32(mapping["scale"]))
@@ -202,16 +212,16 @@ class LossScaleUpdateCell(nn.Cell):
 
     def state_dict(self):
         """The state under its keys (``loss_scale``, then the rule's), as Python numbers (host reads)."""
-        return self._rule.state_dict(self.get_state())
+        return to_state_dict(self._rule, self.get_state())
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output, checked against the rule; nothing changes on error."""
-        self.set_state(self._rule.state_from_dict(state))
+        self.set_state(from_state_dict(self._rule, state))
 
     def check_loaded_state(self, scale=None, scale_name="loss_scale"):
         """``ValueError`` naming the Parameter (``scale_name`` for the scale) unless the state the device holds fits
         the rule (a checkpoint of another configuration, say). ``scale``: the train cell's (default the bound one)."""
-        state = self._rule.as_mapping(self.get_state())
+        state = as_mapping(self._rule, self.get_state())
         state["scale"] = state["scale"] if scale is None else scale
         names = {field.name: parameter.name for field, parameter in zip(self._rule.fields, self.counters)}
         self._rule.check_state(state, dict(names, scale=scale_name))
@@ -224,7 +234,7 @@ class LossScaleUpdateCell(nn.Cell):
             raise ValueError(f"'name' must be one of {VIEW}, but got {name!r}.")
         anchor = self._binding.parameter
         if anchor is None or outside_graph(anchor):
-            view = self._rule.host_view(self.get_state())
+            view = host_view(self._rule, self.get_state())
             return None if view is None else view[name]
         view = self._rule.view(*self._graph_state(anchor))
         return None if view is None else view[VIEW.index(name)]
@@ -239,7 +249,7 @@ class LossScaleUpdateCell(nn.Cell):
                 f"'rule' must have this update cell's structure ({self._rule.structure()!r}: it is compiled into the "
                 f"graph), but got {check_rule(rule)!r}."
             )
-        state = rule.as_mapping(state if state is not None else rule.within(self.get_state()))
+        state = as_mapping(rule, state if state is not None else rule.within(self.get_state()))
         rule.check_state(state, _field_names(rule, "state."))
         self._rule = rule
         for name, parameter in zip(self._setting_names, self.settings):

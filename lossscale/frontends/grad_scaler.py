@@ -23,6 +23,7 @@ from lossscale.core._optimizers import refuse_bfloat16_on_cpu
 from lossscale.core._parameters import outside_graph
 from lossscale.core._validation import check_bool
 from lossscale.core.presets import get_preset
+from lossscale.core.rule import as_mapping, host_view
 from lossscale.core.scaler import LossScaler, scale_tensor
 from lossscale.frontends._eager_calls import CompiledCalls
 from lossscale.frontends.iteration import (
@@ -283,7 +284,7 @@ class GradScaler:
         if field == "init_scale":
             return self._rule.init_scale if self._enabled else 1.0
         if self._core is None:
-            return self._rule.host_view(self._rule.initial_state())[field]
+            return host_view(self._rule, self._rule.initial_state())[field]
         return self._core.update_cell.read(field)
 
     def _set_rule(self, **fields):
@@ -293,7 +294,7 @@ class GradScaler:
         if self._enabled:
             state = None
             if "init_scale" in fields:  # as Paddle: the new initial scale is the current scale, counts kept
-                state = dict(self._rule.as_mapping(self.get_state()), scale=rule.init_scale)
+                state = dict(as_mapping(self._rule, self.get_state()), scale=rule.init_scale)
             self._core.set_rule(rule, state)
         self._rule = rule
 

@@ -17,7 +17,7 @@ from mindspore import Tensor
 
 from lossscale.core._validation import check_bool
 from lossscale.core.presets import PRESET_NAMES, get_preset
-from lossscale.core.rule import LossScaleRule
+from lossscale.core.rule import LossScaleRule, from_state_dict, host_view, to_state_dict
 from lossscale.frontends.spelling import PADDLE, TORCH
 
 _VIEW_FIELDS = ("growth_factor", "backoff_factor", "growth_interval")
@@ -48,9 +48,9 @@ def framework_rule(fields, spelling, base, names=None):
 def state_dict_of(spelling, rule, state, dynamic):
     """``state`` (of ``rule``) as ``spelling``'s state dict: Paddle's scale a float32 array of shape (1,) beside its
     counters and ``use_dynamic_loss_scaling``; PyTorch's a float beside ``_growth_tracker``."""
-    view = rule.host_view(state)
+    view = host_view(rule, state)
     if view is None:
-        return rule.state_dict(state)
+        return to_state_dict(rule, state)
     saved = {"scale": np.array([view["scale"]], np.float32) if spelling.scale_as_array else view["scale"]}
     saved.update({spelling.name_of(field): view[field] for field in _VIEW_FIELDS})
     good_key, bad_key = spelling.counter_keys
@@ -92,8 +92,8 @@ def saved_spelling(state_dict):
 def parse_state(state_dict, rule):
     """``(rule, state, dynamic)`` from a state dict of either framework's format (or a rule's own, for a rule without
     a view), checked against the scaler's ``rule``; nothing is changed here."""
-    if rule.host_view(rule.initial_state()) is None:
-        return rule, rule.state_from_dict(state_dict), True
+    if host_view(rule, rule.initial_state()) is None:
+        return rule, from_state_dict(rule, state_dict), True
     spelling = saved_spelling(state_dict)
     keys = {field: spelling.name_of(field) for field in ("scale", *_VIEW_FIELDS, "hysteresis")}
     keys.update(good_steps=spelling.counter_keys[0], bad_steps=spelling.counter_keys[1])

@@ -21,6 +21,7 @@ from mindspore.common import dtype as mstype
 from lossscale.core._optimizers import is_loss_scale_optimizer
 from lossscale.core._parameters import host_array, write_parameter
 from lossscale.core._validation import check_int_in_range
+from lossscale.core.rule import state_names
 from lossscale.core.scaler import positive_scale
 from lossscale.core.update_cells import LossScaleUpdateCell, mindspore_good_steps
 from lossscale.training.accumulation import counter
@@ -49,7 +50,7 @@ def loss_scale_parameters(cell):
 def _counts_clean_steps(update_cell):
     """Whether ``update_cell`` is lossscale's, of a rule that counts clean steps (``good_steps``), which a checkpoint
     of MindSpore's own dynamic update cell translates into."""
-    return isinstance(update_cell, LossScaleUpdateCell) and "good_steps" in update_cell.rule.names()
+    return isinstance(update_cell, LossScaleUpdateCell) and "good_steps" in state_names(update_cell.rule)
 
 
 def _count(parameter):
@@ -317,7 +318,7 @@ def _from_mindspore_counters(cell, param_dict):
 
 def _good_steps_parameter(update_cell):
     """The Parameter of an update cell's ``good_steps`` counter (:func:`_counts_clean_steps`)."""
-    return update_cell.counters[update_cell.rule.names().index("good_steps") - 1]
+    return update_cell.counters[state_names(update_cell.rule).index("good_steps") - 1]
 
 
 def checkpoint_choice(cell):

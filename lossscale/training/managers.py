@@ -15,7 +15,7 @@ from lossscale.core._parameters import host_flags
 from lossscale.core._validation import check_bool, check_finite_in_range, read_only
 from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, AdaptiveWindowRule
 from lossscale.core.policy import LossScalePolicy
-from lossscale.core.rule import FixedRule
+from lossscale.core.rule import FixedRule, advance, as_mapping, from_state_dict, host_view, to_state_dict
 from lossscale.core.spelling import MINDFORMERS_MANAGER, MINDSPORE_MANAGER, errors_named, rule_fields
 from lossscale.core.update_cells import FixedLossScaleUpdateCell, check_rule, update_cell_of
 from lossscale.training.bookkeeping import PersistentOverflowError
@@ -81,7 +81,7 @@ class FixedLossScaleManager(LossScaleManager):
 
     def load_state_dict(self, state):
         """Check that ``state`` was saved by a manager with the same fixed scale (nothing to restore)."""
-        FixedRule(self._loss_scale).state_from_dict(state)
+        from_state_dict(FixedRule(self._loss_scale), state)
 
 
 # MindSpore's manager lets loss_scale, scale_factor and scale_window be assigned; its next update cell then uses them
@@ -143,7 +143,7 @@ class DynamicLossScaleManager(LossScaleManager):
             2
         """
         manager = cls.__new__(cls)
-        view = check_rule(policy).host_view(policy.initial_state()) or {}
+        view = host_view(check_rule(policy), policy.initial_state()) or {}
         manager._adopt(policy, (view.get("growth_factor"), view.get("growth_interval")))
         return manager
 
@@ -167,7 +167,7 @@ class DynamicLossScaleManager(LossScaleManager):
 
     def get_loss_scale(self):
         """The current scale as a float; the device's once training has started."""
-        return self._rule.as_mapping(self.get_state())["scale"]
+        return as_mapping(self._rule, self.get_state())["scale"]
 
     @property
     def loss_scale(self):
@@ -179,7 +179,7 @@ class DynamicLossScaleManager(LossScaleManager):
         raise AttributeError(f"{type(self).__name__}.loss_scale cannot be assigned: {_MANAGER_ADVICE}")
 
     def _ratio(self, name):
-        view = self._rule.host_view(self._state)
+        view = host_view(self._rule, self._state)
         return None if view is None else float(view[name])
 
     increase_ratio = property(lambda self: self._ratio("growth_factor"), doc="MindSpore's name: the growth factor.")
@@ -196,7 +196,7 @@ class DynamicLossScaleManager(LossScaleManager):
         overflow = overflow_decision(overflow)
         cell = self._device_cell()
         if cell is None:
-            self._state = self._rule.advance(self._state, overflow)
+            self._state = advance(self._rule, self._state, overflow)
         else:
             self.get_state()
             if cell.window_open():
@@ -231,11 +231,11 @@ class DynamicLossScaleManager(LossScaleManager):
 
     def state_dict(self):
         """The state under the rule's keys (``loss_scale``, ...); the device's when a cell is in use."""
-        return self._rule.state_dict(self.get_state())
+        return to_state_dict(self._rule, self.get_state())
 
     def load_state_dict(self, state):
         """Restore :meth:`state_dict` output, into the cell in use too (checked: nothing changes on error)."""
-        restored = self._rule.as_state(self._rule.state_from_dict(state))
+        restored = self._rule.as_state(from_state_dict(self._rule, state))
         cell = self._followed_cell()
         if cell is not None:
             cell.set_state(restored)

@@ -15,6 +15,7 @@ from train_cell_harness import same_weights, save_cell_checkpoint
 from conftest import UpdateCellDriver
 from lossscale import AdaptiveLossScaleUpdateCell, LossScaler, TrainOneStepWithLossScaleCell
 from lossscale.core.adaptive import AdaptiveWindowRule, run_adaptive
+from lossscale.core.rule import to_state_dict
 
 BOUNDS = {"default": (1000, 20), "small": (30, 4)}
 
@@ -42,7 +43,7 @@ def drivers():
 def test_graph_cell_equals_the_rule_on_random_schedules(drivers, flags, name):
     driver = drivers[name]
     rule = AdaptiveWindowRule(2.0**10, 2, BOUNDS[name][1], *BOUNDS[name])
-    driver.update_cell.load_state_dict(rule.state_dict(rule.initial_state()))
+    driver.update_cell.load_state_dict(to_state_dict(rule, rule.initial_state()))
     expected = [astuple(state) for state in run_adaptive(rule, flags)]
     assert _cell_states(driver, flags) == expected
 
