@@ -44,7 +44,7 @@ from lossscale.core.rule import (
 )
 from lossscale.core.rule import run as _run
 from lossscale.core.spelling import MINDSPORE_CELL, errors_named, rule_fields
-from lossscale.core.update_cells import LossScaleUpdateCell
+from lossscale.core.update_cells import LossScaleUpdateCell, refuse_immutable
 
 _F32 = np.float32
 _FLAGS = ("consecutive_hysteresis", "refill_hysteresis_on_backoff")
@@ -333,7 +333,7 @@ class DynamicLossScaleUpdateCell(LossScaleUpdateCell):
 
     def set_policy(self, policy, state=None):
         """:meth:`set_rule` with a :class:`LossScalePolicy` of the same hysteresis mode."""
-        self._refuse_immutable("set_policy()")
+        refuse_immutable(self.mutable, "set_policy()")
         if not isinstance(policy, LossScalePolicy):
             raise TypeError(
                 f"'policy' must be a LossScalePolicy (lossscale.get_preset(name) gives one by name), "

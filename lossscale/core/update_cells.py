@@ -133,19 +133,8 @@ class LossScaleUpdateCell(nn.Cell):
             for field in rule.fields
         )
         self._setting_names = tuple(rule.settings())
-        self.settings = self._setting_values(rule)
+        self.settings = _held_settings(rule, self._mutable)
         self._dynamic = Parameter(Tensor(True), name="loss_scale_dynamic", requires_grad=False) if mutable else None
-
-    def _setting_values(self, rule):
-        """The settings as float32/int32 Tensors: constants of the graph, or Parameters when the rule is mutable."""
-        values = []
-        held = host_state(rule, rule.initial_state())[1 + len(rule.fields) :]
-        for name, value in zip(self._setting_names, held):
-            tensor = Tensor(value, _DTYPES[str(value.dtype)])
-            values.append(
-                Parameter(tensor, name=f"loss_scale_{name}", requires_grad=False) if self._mutable else tensor
-            )
-        return ParameterTuple(values) if self._mutable else tuple(values)
 
     @classmethod
     def of_rule(cls, rule, mutable=False):
@@ -183,10 +172,10 @@ class LossScaleUpdateCell(nn.Cell):
         micro_step = self._binding.micro_step
         return micro_step is not None and read_scalar(micro_step) > 0
 
-    @property
-    def scale_parameter(self):
-        """The bound scale Parameter, or None before a train cell has adopted this cell."""
-        return self._binding.parameter
+    scale_parameter = property(
+        lambda self: self._binding.parameter,
+        doc="The bound scale Parameter, or None before a train cell adopts the cell.",
+    )
 
     def get_loss_scale(self):
         """The current scale: before a train cell adopts the cell the initial (or loaded) one, no sync; afterwards
@@ -236,14 +225,14 @@ class LossScaleUpdateCell(nn.Cell):
         if anchor is None or outside_graph(anchor):
             view = host_view(self._rule, self.get_state())
             return None if view is None else view[name]
-        view = self._rule.view(*self._graph_state(anchor))
+        view = self._rule.view(*_graph_state(self, anchor))
         return None if view is None else view[VIEW.index(name)]
 
     # ---- host: a mutable rule -----------------------------------------------------------------------------------
     def set_rule(self, rule, state=None):
         """Switch to ``rule`` (of this cell's structure, ``rule.structure()``) and ``state`` (default: the current
         one within the new rule's bounds). Checked first: nothing changes on error."""
-        self._refuse_immutable("set_rule()")
+        refuse_immutable(self.mutable, "set_rule()")
         if not isinstance(rule, type(self._rule)) or rule.structure() != self._rule.structure():
             raise ValueError(
                 f"'rule' must have this update cell's structure ({self._rule.structure()!r}: it is compiled into the "
@@ -258,26 +247,17 @@ class LossScaleUpdateCell(nn.Cell):
 
     def set_dynamic(self, dynamic):
         """Turn the update on or off (a mutable cell only)."""
-        self._refuse_immutable("set_dynamic()")
+        refuse_immutable(self.mutable, "set_dynamic()")
         write_parameter(self._dynamic, check_bool("dynamic", dynamic))
 
     def dynamic_flag(self):
         """Graph: the bool saying whether the cell updates the scale now."""
         return self._dynamic if self._dynamic is not None else Tensor(self._rule.dynamic)
 
-    def _refuse_immutable(self, method):
-        if not self._mutable:
-            raise RuntimeError(f"{method} needs an update cell built with mutable_rule=True.")
-
     # ---- graph ---------------------------------------------------------------------------------------------
-    def _graph_state(self, loss_scale):
-        """The state as the graph reads it, in the rule's order: the scale, the counters and the settings, each a
-        scalar Tensor (a tuple: see :mod:`lossscale.core.rule`)."""
-        return (loss_scale.reshape(()),) + tuple(self.counters) + tuple(self.settings)
-
     def construct(self, loss_scale, overflow, statistics=()):
         check_overflow_argument(overflow)
-        new = self._rule.update(overflow.reshape(()), statistics, *self._graph_state(loss_scale))
+        new = self._rule.update(overflow.reshape(()), statistics, *_graph_state(self, loss_scale))
         old = (loss_scale.reshape(()),) + tuple(self.counters)
         targets = (loss_scale,) + tuple(self.counters)
         for index in range(len(targets)):
@@ -287,6 +267,28 @@ class LossScaleUpdateCell(nn.Cell):
             value = ops.cast(value, ops.dtype(targets[index])).reshape(targets[index].shape)
             overflow = ops.depend(overflow, ops.assign(targets[index], value))
         return overflow
+
+
+def _held_settings(rule, mutable):
+    """The rule's settings as float32/int32 Tensors: constants of the graph, or Parameters for a ``mutable`` cell."""
+    values = []
+    held = host_state(rule, rule.initial_state())[1 + len(rule.fields) :]
+    for name, value in zip(rule.settings(), held):
+        tensor = Tensor(value, _DTYPES[str(value.dtype)])
+        values.append(Parameter(tensor, name=f"loss_scale_{name}", requires_grad=False) if mutable else tensor)
+    return ParameterTuple(values) if mutable else tuple(values)
+
+
+def _graph_state(cell, loss_scale):
+    """The state as ``cell``'s graph reads it, in the rule's order: the scale, the counters and the settings, each a
+    scalar Tensor (a tuple: see :mod:`lossscale.core.rule`)."""
+    return (loss_scale.reshape(()),) + tuple(cell.counters) + tuple(cell.settings)
+
+
+def refuse_immutable(mutable, method):
+    """RuntimeError unless the update cell is ``mutable`` (``method`` changes its rule)."""
+    if not mutable:
+        raise RuntimeError(f"{method} needs an update cell built with mutable_rule=True.")
 
 
 def _field_names(rule, prefix):
