@@ -93,11 +93,10 @@ def _gradscaler_knock_outs():
     """``{name: {function slot: replacement}}`` and a ``restore`` callable putting the originals back."""
     from lossscale.core import scaler
     from lossscale.frontends import grad_scaler, iteration
-    from lossscale.frontends.iteration_table import IterationTableHost
     from lossscale.frontends.optimizer_states import OptimizerStates
 
     originals = {
-        (IterationTableHost, "raise_step_misuse"): IterationTableHost.__dict__["raise_step_misuse"],
+        (grad_scaler, "raise_step_misuse"): grad_scaler.raise_step_misuse,
         (OptimizerStates, "refuse_update_without_checks"): OptimizerStates.refuse_update_without_checks,
         (iteration.IterationGraph, "step_decision"): iteration.IterationGraph.step_decision,
         (grad_scaler, "LossScaler"): grad_scaler.LossScaler,
@@ -131,7 +130,7 @@ def _gradscaler_knock_outs():
         return None
 
     raises = {
-        (IterationTableHost, "raise_step_misuse"): staticmethod(no_step_raise),
+        (grad_scaler, "raise_step_misuse"): no_step_raise,
         (OptimizerStates, "refuse_update_without_checks"): no_update_raise,
     }
     branch = {(iteration.IterationGraph, "step_decision"): only_the_usual_branch}

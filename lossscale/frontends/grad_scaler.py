@@ -35,6 +35,13 @@ from lossscale.frontends.iteration import (
     refuse_optimizer_loss_scale,
     refuse_optimizer_without_parameters,
 )
+from lossscale.frontends.iteration_table import (
+    apply_or_restore,
+    host_table,
+    raise_step_misuse,
+    refuse_related_unscaled,
+    unscaled_in,
+)
 from lossscale.frontends.optimizer_states import OptimizerStates
 from lossscale.frontends.persistence import as_rule, framework_rule, parse_state, state_dict_of
 from lossscale.frontends.refusals import refuse_non_gradients, refuse_sparse_gradients
@@ -209,18 +216,18 @@ class GradScaler:
         structure = self._states.structure_of(grads)
         slot = self._states.slot(key, structure)
         # Called from Python the stage is read on the host, so only the branch this call takes is compiled.
-        before = self._states.host_table()
-        self._states.refuse_related_unscaled(before, slot, structure)
-        unscaled = self._states.unscaled_in(before, slot)
+        before = host_table(self._states.table)
+        refuse_related_unscaled(before, slot, structure)
+        unscaled = unscaled_in(before, slot)
         to_apply, skipped, code = _run(self, self._iteration.step_decision, grads, slot, structure, unscaled)
         # A refusal shares the optimizer's branch: no extra control flow on a correct step.
         if not skipped:
             if before is None:
                 skipped = ops.depend(skipped, optimizer(tuple(to_apply)))
             else:
-                skipped = ops.depend(skipped, self._states.apply_or_restore(optimizer, tuple(to_apply), before))
+                skipped = ops.depend(skipped, apply_or_restore(self._states.table, optimizer, tuple(to_apply), before))
         else:
-            skipped = ops.depend(skipped, self._states.raise_step_misuse(code))
+            skipped = ops.depend(skipped, raise_step_misuse(code))
         return skipped
 
     def update(self, new_scale=None):

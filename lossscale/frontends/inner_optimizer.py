@@ -1,4 +1,4 @@
-"""What a Keras ``LossScaleOptimizer`` reads from and forwards to the optimizer it wraps.
+"""What a Keras ``LossScaleOptimizer`` reads from and forwards to the optimizer it wraps, as functions of the two.
 
 tf.keras' wrapper forwards every attribute it does not have to its inner optimizer. A MindSpore
 optimizer's hyperparameters are graph constants or Parameters, so reads are forwarded (``beta1``,
@@ -60,70 +60,37 @@ def _learning_rate_value(value):
     return float(value)
 
 
-class InnerOptimizerAttributes:
-    """Mixin of :class:`lossscale.frontends.keras.LossScaleOptimizer` (a ``nn.Cell`` holding the wrapped
-    optimizer as ``self._inner``): attribute reads forwarded to it, the learning rate settable, other writes
-    that would shadow it refused."""
+def set_learning_rate(inner, value):
+    """Write ``value`` into ``inner``'s learning-rate Parameter (a schedule or per-group rates are refused)."""
+    if getattr(inner, "dynamic_lr", False) or getattr(inner, "is_group_lr", False):
+        raise ValueError(
+            "the inner optimizer has a learning-rate schedule or per-group rates; set them when building it."
+        )
+    write_parameter(inner.learning_rate, _learning_rate_value(value))
 
-    @property
-    def inner_optimizer(self):
-        """The wrapped optimizer."""
-        return self._inner
 
-    @property
-    def iterations(self):
-        """The inner optimizer's step counter (``global_step``), Keras' ``iterations``."""
-        return self._inner.global_step
+def refuse_shadowing(wrapper, inner, name):
+    """``AttributeError`` if setting ``name`` on ``wrapper`` would hide ``inner``'s attribute: a public attribute
+    ``inner`` has and the wrapper's class does not (tf.keras forwards hyperparameters such as ``beta_1``; a MindSpore
+    optimizer's are graph constants or Parameters, so only the learning rate is forwarded). nn.Cell's own
+    attributes, which MindSpore sets, are never refused."""
+    if inner is None or name.startswith("_") or name in vars(wrapper) or name in _cell_attributes():
+        return
+    if hasattr(inner, name) and not hasattr(type(wrapper), name):
+        raise AttributeError(
+            f"cannot set {name!r} on a {type(wrapper).__name__}: it would hide the inner optimizer's {name} (which "
+            f"reads would then return) without changing what it trains with. Only learning_rate is forwarded; "
+            f"give {name} to the inner optimizer when building it ({type(inner).__name__}(..., {name}=...))."
+        )
 
-    @property
-    def learning_rate(self):
-        """The inner optimizer's learning rate (delegated; settable, also as ``lr``)."""
-        return self._inner.learning_rate
 
-    @learning_rate.setter
-    def learning_rate(self, value):
-        inner = self._inner
-        if getattr(inner, "dynamic_lr", False) or getattr(inner, "is_group_lr", False):
-            raise ValueError(
-                "the inner optimizer has a learning-rate schedule or per-group rates; set them when building it."
-            )
-        write_parameter(inner.learning_rate, _learning_rate_value(value))
-
-    lr = learning_rate
-
-    def __setattr__(self, name, value):
-        if name in ("learning_rate", "lr"):  # not nn.Cell's Parameter registration: set the inner optimizer's
-            object.__setattr__(self, name, value)
-            return
-        if self._would_shadow_the_inner_optimizer(name):
-            raise AttributeError(
-                f"cannot set {name!r} on a {type(self).__name__}: it would hide the inner optimizer's {name} (which "
-                f"reads would then return) without changing what it trains with. Only learning_rate is forwarded; "
-                f"give {name} to the inner optimizer when building it ({type(self._inner).__name__}(..., "
-                f"{name}=...))."
-            )
-        super().__setattr__(name, value)
-
-    def _would_shadow_the_inner_optimizer(self, name):
-        """True for a public attribute that the inner optimizer has and this wrapper does not (tf.keras forwards
-        hyperparameters such as ``beta_1``; a MindSpore optimizer's are graph constants or Parameters, so only
-        the learning rate is forwarded). nn.Cell's own attributes, which MindSpore sets, are never refused."""
-        inner = self.__dict__.get("_cells", {}).get("_inner")
-        if inner is None or name.startswith("_") or name in self.__dict__ or name in _cell_attributes():
-            return False
-        return hasattr(inner, name) and not hasattr(type(self), name)
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            inner = self.__dict__.get("_cells", {}).get("_inner")
-            if inner is None or name.startswith("__"):
-                raise
-        try:
-            return getattr(inner, name)
-        except AttributeError:
-            raise AttributeError(
-                f"'{type(self).__name__}' object has no attribute {name!r}, and its inner optimizer "
-                f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}"
-            ) from None
+def forwarded(wrapper, inner, name):
+    """``inner``'s attribute ``name`` (what the wrapper lacks); ``AttributeError`` saying what to do instead for
+    Keras-only methods."""
+    try:
+        return getattr(inner, name)
+    except AttributeError:
+        raise AttributeError(
+            f"'{type(wrapper).__name__}' object has no attribute {name!r}, and its inner optimizer "
+            f"({type(inner).__name__}) has none either.{_KERAS_ONLY.get(name, '')}"
+        ) from None

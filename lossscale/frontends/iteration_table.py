@@ -4,7 +4,7 @@ signatures that key its slots, the misuse errors, and what Python reads and writ
 The table is one float32 Parameter of shape ``(ROWS, capacity)``: a row per field (``STAGE``, ``FOUND_INF``,
 ``FINGERPRINT``, ``STRUCTURE``, ``NORM``), a column per optimizer slot. A slot's stage moves
 ``READY -> UNSCALED -> STEPPED`` and back to ``READY`` at ``update()``. ``step()``'s refusals are codes
-(``STEP_TWICE``, ...) computed in the graph and turned into errors by :meth:`IterationTableHost.raise_step_misuse`.
+(``STEP_TWICE``, ...) computed in the graph and turned into errors by :func:`raise_step_misuse`.
 
 Example:
     >>> shapes = ((2, 3), (3,))
@@ -91,82 +91,77 @@ def row_mask(*rows, width=1):
     return Tensor(mask)
 
 
-class IterationTableHost:
-    """Mixin of :class:`lossscale.frontends.optimizer_states.OptimizerStates` (which holds the table as
-    ``self.table`` and its width as ``self.capacity``): the misuse errors and the host-side reads and writes."""
+# ---- the misuse errors, and what Python reads and writes of the table between graph calls ----------------------
+def raise_step_misuse(code):
+    """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
+    if code == STEP_TWICE:
+        raise RuntimeError(
+            "step() has already been called since the last update(). Call update() once per "
+            "iteration, after every optimizer's step(); with several optimizers give each its "
+            "own key."
+        )
+    if code == SCALED_GRADIENTS:
+        raise RuntimeError(
+            "step() got the scaled gradients that unscale_() was given for this optimizer. Inside "
+            "mindspore.jit unscale_() cannot change gradients in place: pass the gradients it "
+            "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads)."
+        )
+    if code == LARGER_THAN_UNSCALED:
+        raise RuntimeError(
+            "step() got gradients with a larger global norm than the ones unscale_() returned for "
+            "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
+            "given them? Inside mindspore.jit unscale_() cannot change gradients in place: clip "
+            "the gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
+            "then grads = ops.clip_by_global_norm(grads, max_norm) (PyTorch's clip_grad_value_: "
+            "grads = tuple(ops.clip_by_value(g, -v, v) for g in grads)). Between unscale_() and step() "
+            "only changes that do not raise the norm are accepted: to add to the gradients on "
+            "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay."
+        )
+    if code == AMBIGUOUS:
+        raise RuntimeError(
+            "step() got gradients shaped like the ones unscale_() returned for another key in "
+            "this iteration (the same shapes, or part of them, or holding them), and not yet "
+            "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
+            "returned for this optimizer, with the same key: to clip several optimizers' "
+            "gradients together, unscale_() each optimizer's own gradients, clip them together "
+            "and step each optimizer with its part. Otherwise call unscale_() for this "
+            "optimizer too, or step the other one first."
+        )
+    return code
 
-    @staticmethod
-    def raise_step_misuse(code):
-        """Raise the error for a non-zero step() refusal code (called where the step is skipped)."""
-        if code == STEP_TWICE:
-            raise RuntimeError(
-                "step() has already been called since the last update(). Call update() once per "
-                "iteration, after every optimizer's step(); with several optimizers give each its "
-                "own key."
-            )
-        if code == SCALED_GRADIENTS:
-            raise RuntimeError(
-                "step() got the scaled gradients that unscale_() was given for this optimizer. Inside "
-                "mindspore.jit unscale_() cannot change gradients in place: pass the gradients it "
-                "returned (after any clipping) to step(), e.g. grads = scaler.unscale_(grads)."
-            )
-        if code == LARGER_THAN_UNSCALED:
-            raise RuntimeError(
-                "step() got gradients with a larger global norm than the ones unscale_() returned for "
-                "this optimizer: the scaled gradients, changed (e.g. clipped) after unscale_() was "
-                "given them? Inside mindspore.jit unscale_() cannot change gradients in place: clip "
-                "the gradients it returned and pass those to step(), e.g. grads = scaler.unscale_(grads), "
-                "then grads = ops.clip_by_global_norm(grads, max_norm) (PyTorch's clip_grad_value_: "
-                "grads = tuple(ops.clip_by_value(g, -v, v) for g in grads)). Between unscale_() and step() "
-                "only changes that do not raise the norm are accepted: to add to the gradients on "
-                "purpose (an L2 term), put it in the loss or in the optimizer's weight_decay."
-            )
-        if code == AMBIGUOUS:
-            raise RuntimeError(
-                "step() got gradients shaped like the ones unscale_() returned for another key in "
-                "this iteration (the same shapes, or part of them, or holding them), and not yet "
-                "stepped, so they may be unscaled already. Give step() the gradients unscale_() "
-                "returned for this optimizer, with the same key: to clip several optimizers' "
-                "gradients together, unscale_() each optimizer's own gradients, clip them together "
-                "and step each optimizer with its part. Otherwise call unscale_() for this "
-                "optimizer too, or step the other one first."
-            )
-        return code
 
-    def host_table(self):
-        """The table as read on the host (a NumPy copy, one sync); None inside a compiled function, where the graph
-        reads it (:func:`lossscale.core._parameters.outside_graph`)."""
-        if outside_graph(self.table):
-            return self.table.asnumpy().copy()
+def host_table(table):
+    """The table as read on the host (a NumPy copy, one sync); None inside a compiled function, where the graph
+    reads it (:func:`lossscale.core._parameters.outside_graph`)."""
+    if outside_graph(table):
+        return table.asnumpy().copy()
+    return None
+
+
+def refuse_related_unscaled(table, slot, structure):
+    """From Python, before step() records anything: the AMBIGUOUS refusal of ``OptimizerStates.ready_code``, with
+    the structures known now (a step compiled earlier knows those known when it was compiled)."""
+    if table is None or table[STAGE, slot] != READY:
+        return
+    related = np.isin(table[STRUCTURE], related_signatures(structure))
+    others = np.arange(table.shape[1]) != slot
+    if np.any((table[STAGE] == UNSCALED) & related & others):
+        raise_step_misuse(AMBIGUOUS)
+
+
+def unscaled_in(table, slot):
+    """Whether ``slot``'s stage is UNSCALED in ``table`` (a :func:`host_table` copy); None without one."""
+    if table is None:
         return None
+    return bool(table[STAGE, slot] == UNSCALED)
 
-    def refuse_related_unscaled(self, table, slot, structure):
-        """From Python, before step() records anything: the AMBIGUOUS refusal of :meth:`ready_code`, with the
-        structures known now (a step compiled earlier knows those known when it was compiled)."""
-        if table is None or table[STAGE, slot] != READY:
-            return
-        related = np.isin(table[STRUCTURE], related_signatures(structure))
-        others = np.arange(self.capacity) != slot
-        if np.any((table[STAGE] == UNSCALED) & related & others):
-            self.raise_step_misuse(AMBIGUOUS)
 
-    @staticmethod
-    def unscaled_in(table, slot):
-        """Whether ``slot``'s stage is UNSCALED in ``table`` (a :meth:`host_table` copy); None without one."""
-        if table is None:
-            return None
-        return bool(table[STAGE, slot] == UNSCALED)
-
-    def apply_or_restore(self, optimizer, grads, table):
-        """From Python: ``optimizer(grads)``. If it raises, the table is written back to ``table`` (as read before
-        this step()), so that step() can be called again: PyTorch records a step only once its optimizer
-        returned."""
-        try:
-            return optimizer(grads)
-        except BaseException:
-            write_parameter(self.table, table)
-            raise
-
-    def between_iterations(self):
-        """True when no unscale_() or step() happened since the last update() (one host sync)."""
-        return not self.table.asnumpy()[STAGE].any()
+def apply_or_restore(parameter, optimizer, grads, table):
+    """From Python: ``optimizer(grads)``. If it raises, the table ``parameter`` is written back to ``table`` (as read
+    before this step()), so that step() can be called again: PyTorch records a step only once its optimizer
+    returned."""
+    try:
+        return optimizer(grads)
+    except BaseException:
+        write_parameter(parameter, table)
+        raise

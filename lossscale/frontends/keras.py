@@ -36,7 +36,7 @@ from lossscale.core.scaler import (
     scale_tensor,
     warn_if_scaled_outside_differentiation,
 )
-from lossscale.frontends.inner_optimizer import InnerOptimizerAttributes
+from lossscale.frontends.inner_optimizer import forwarded, refuse_shadowing, set_learning_rate
 from lossscale.frontends.persistence import as_rule, framework_rule
 from lossscale.frontends.refusals import (
     refuse_non_gradients,
@@ -348,7 +348,12 @@ def _default_name(inner_optimizer):
     return "loss_scale_optimizer." + re.sub(r"[^A-Za-z0-9_.]", "_", parameters[0].name)
 
 
-class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
+def _held_inner(wrapper):
+    """The inner optimizer a wrapper holds among its cells (None while it is being built)."""
+    return vars(wrapper).get("_cells", {}).get("_inner")
+
+
+class LossScaleOptimizer(nn.Cell):
     """Wrap a MindSpore optimizer with (dynamic) loss scaling, as ``tf.keras.mixed_precision.LossScaleOptimizer``.
 
     Args:
@@ -429,6 +434,34 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
         self._apply_step = _ApplyGradients(self._core, inner_optimizer, self._iteration)
         # minimize() computes the gradients itself, so it reduces them over the ranks (data parallel) itself.
         self._grad_reducer = gradient_reducer(inner_optimizer.parameters)
+
+    # ---- the inner optimizer's attributes (lossscale.frontends.inner_optimizer) -------------------------------
+    inner_optimizer = property(lambda self: self._inner, doc="The wrapped optimizer.")
+    iterations = property(
+        lambda self: self._inner.global_step, doc="The inner optimizer's step counter (``global_step``), Keras' name."
+    )
+    learning_rate = property(
+        lambda self: self._inner.learning_rate,
+        lambda self, value: set_learning_rate(self._inner, value),
+        doc="The inner optimizer's learning rate (delegated; settable, also as ``lr``).",
+    )
+    lr = learning_rate
+
+    def __setattr__(self, name, value):
+        if name in ("learning_rate", "lr"):  # not nn.Cell's Parameter registration: set the inner optimizer's
+            object.__setattr__(self, name, value)
+            return
+        refuse_shadowing(self, _held_inner(self), name)
+        super().__setattr__(name, value)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = _held_inner(self)
+            if inner is None or name.startswith("__"):
+                raise
+        return forwarded(self, inner, name)
 
     # ---- Keras API (graph ops: eager or inside mindspore.jit) -------------------------------------
     def get_scaled_loss(self, loss):
@@ -579,10 +612,7 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
         :class:`lossscale.core.adaptive.AdaptiveWindowRule`), or None for a fixed scale."""
         return self._core.rule if self._dynamic else None
 
-    @property
-    def dynamic(self):
-        """Whether the loss scale is updated dynamically."""
-        return self._dynamic
+    dynamic = property(lambda self: self._dynamic, doc="Whether the loss scale is updated dynamically.")
 
     @property
     def dynamic_counter(self):
@@ -615,7 +645,6 @@ class LossScaleOptimizer(InnerOptimizerAttributes, nn.Cell):
         fixed wrapper's state must hold its scale."""
         self._core.load_state_dict(state_dict)
 
-    @property
-    def initial_scale(self):
-        """The initial loss scale (the fixed scale when not dynamic)."""
-        return self._initial_scale
+    initial_scale = property(
+        lambda self: self._initial_scale, doc="The initial loss scale (the fixed scale when not dynamic)."
+    )

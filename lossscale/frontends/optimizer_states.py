@@ -39,7 +39,6 @@ from lossscale.frontends.iteration_table import (
     STEPPED,
     STRUCTURE,
     UNSCALED,
-    IterationTableHost,
     as_tuples,
     related_signatures,
     row_mask,
@@ -93,7 +92,7 @@ def _check_key(key):
     return True
 
 
-class OptimizerStates(IterationTableHost, nn.Cell):
+class OptimizerStates(nn.Cell):
     """The per-optimizer stages and overflow flags of one scaler (see the module docstring).
 
     Args:
@@ -268,6 +267,10 @@ class OptimizerStates(IterationTableHost, nn.Cell):
         where = ops.logical_and(ops.logical_and(self._step_rows, self._slot_columns[slot]), ops.logical_not(refused))
         done = self._write(where, values)
         return ops.depend(ops.logical_or(refused, found > self._zero), done)
+
+    def between_iterations(self):
+        """True when no unscale_() or step() happened since the last update() (one host sync)."""
+        return not self.table.asnumpy()[STAGE].any()
 
     def reset(self):
         """A new iteration: every slot READY, no overflow recorded."""
