@@ -58,16 +58,15 @@ def _train_cell_knock_outs():
 
     from lossscale.training import bookkeeping, managers, train_cell
 
-    cell_class = train_cell.TrainOneStepWithLossScaleCell
     originals = {
-        (cell_class, "_with_loss_flag"): cell_class.__dict__["_with_loss_flag"],
+        (train_cell, "_with_loss_flag"): train_cell._with_loss_flag,
         (bookkeeping.OverflowCounters, "count"): bookkeeping.OverflowCounters.__dict__["count"],
         (managers.DynamicLossScaleManager, "get_update_cell"): managers.DynamicLossScaleManager.__dict__[
             "get_update_cell"
         ],
     }
 
-    def flag_without_loss(self, flag, loss):
+    def flag_without_loss(loss_scaler, drop_overflow_update, flag, loss):
         return flag
 
     def no_counting(self, overflow, drops_overflow):
@@ -76,7 +75,7 @@ def _train_cell_knock_outs():
     def mindspore_update_cell(self):
         return ms.nn.DynamicLossScaleUpdateCell(self.get_loss_scale(), self.scale_factor, self.scale_window)
 
-    loss_flag = {(cell_class, "_with_loss_flag"): flag_without_loss}
+    loss_flag = {(train_cell, "_with_loss_flag"): flag_without_loss}
     counters = {(bookkeeping.OverflowCounters, "count"): no_counting}
     update_cell = {(managers.DynamicLossScaleManager, "get_update_cell"): mindspore_update_cell}
     ladder = {

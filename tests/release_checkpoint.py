@@ -1,10 +1,11 @@
-"""Train-cell configurations whose checkpoints, written by lossscale 0.1.0, must keep loading.
+"""Train-cell configurations whose checkpoints, written by lossscale 0.1.0 and 0.2.0, must keep loading.
 
-``python tests/release_checkpoint.py OUT_DIR`` was run once with the 0.1.0 release (commit ed60d3f) to
-write, per configuration, ``<name>.ckpt`` (the train cell saved after ``SPLIT`` calls) and
-``<name>.npz`` (what 0.1.0 then did on calls ``SPLIT..STEPS-1``: losses, overflow flags, scales, the
-counters, and every Parameter at the end). ``tests/training/test_compatibility.py`` loads each checkpoint into a
-train cell built by the current code and checks it continues exactly as 0.1.0 did.
+``python tests/release_checkpoint.py OUT_DIR`` was run once with the 0.1.0 release (commit ed60d3f) and once
+with 0.2.0 (commit b245416; ``adaptive_window`` too) to write, per configuration, ``<name>.ckpt`` (the train
+cell saved after ``SPLIT`` calls) and ``<name>.npz`` (what the release then did on calls ``SPLIT..STEPS-1``:
+losses, overflow flags, scales, the counters, and every Parameter at the end).
+``tests/training/test_compatibility.py`` loads each checkpoint into a train cell built by the current code and
+checks it continues exactly as the release did.
 """
 
 import os
@@ -20,6 +21,11 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 from nets import regression_batches, regression_net, snapshot, train_calls  # noqa: E402
 
 from lossscale import DynamicLossScaleManager, TrainOneStepWithLossScaleCell  # noqa: E402
+
+try:  # 0.2.0 on; the 0.1.0 data has no configuration of it
+    from lossscale import AdaptiveLossScaleUpdateCell  # noqa: E402
+except ImportError:
+    AdaptiveLossScaleUpdateCell = None
 
 STEPS, SPLIT = 14, 7
 
@@ -49,11 +55,18 @@ def _fixed_tensor_scale():
     return TrainOneStepWithLossScaleCell(net, nn.SGD(net.trainable_params(), 0.05), Tensor(1024.0, mstype.float32))
 
 
+def _adaptive_window():
+    net = regression_net(seed=3)
+    cell = AdaptiveLossScaleUpdateCell(2**10, 2, 2, max_scale_window=8, min_scale_window=2)
+    return TrainOneStepWithLossScaleCell(net, nn.Adam(net.trainable_params(), 0.01), cell)
+
+
 # name -> (builder, calls whose first input gets an inf)
 CONFIGS = {
     "dynamic_hysteresis_clip": (_dynamic_hysteresis_clip, {2, 3, 8, 11}),
     "accumulation_debug": (_accumulation_debug, {1, 8, 9}),  # SPLIT=7 falls inside a window
     "fixed_tensor_scale": (_fixed_tensor_scale, {4, 10}),
+    "adaptive_window": (_adaptive_window, {1, 2, 3, 9}),  # 0.2.0 on
 }
 
 
@@ -66,6 +79,8 @@ def write(out):
     """Write ``<name>.ckpt`` and ``<name>.npz`` for every configuration (run with the 0.1.0 release)."""
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     for name, (build, injected) in CONFIGS.items():
+        if name == "adaptive_window" and AdaptiveLossScaleUpdateCell is None:
+            continue
         ms.set_seed(0)
         step = build()
         run_calls(step, injected, 0, SPLIT)

@@ -116,6 +116,20 @@ def test_dynamic_manager_and_update_cell(name, value):
     _refused(lambda: DynamicLossScaleUpdateCell(**arguments), cell_name, value)
 
 
+# A rule field's own name where MindSpore spells it otherwise, or a misspelt extension: refused, never ignored.
+UNKNOWN_KEYWORDS = [("init_scale", 8.0), ("growth_interval", 5), ("min_scale", 2.0), ("hysterisis", 2)]
+
+
+@pytest.mark.parametrize("name, value", UNKNOWN_KEYWORDS, ids=[name for name, _ in UNKNOWN_KEYWORDS])
+def test_dynamic_manager_and_update_cell_refuse_unknown_keywords(name, value):
+    for build in (
+        lambda: DynamicLossScaleManager(**{name: value}),
+        lambda: DynamicLossScaleUpdateCell(8.0, 2, 5, **{name: value}),
+    ):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+            build()
+
+
 FIXED = {"loss_scale": [v for v in BAD_SCALES if v not in (None,)] + [0.5], "drop_overflow_update": BAD_FLAGS}
 
 

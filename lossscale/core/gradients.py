@@ -228,11 +228,6 @@ def multiply_gradients(hyper_map, factor, grads):
     return hyper_map(ops.partial(_multiply, factor), grads)
 
 
-def unscale_gradients(hyper_map, inv_scale, grads):
-    """Every gradient times ``inv_scale`` (``1/S``, float32): :func:`multiply_gradients` for unscaling."""
-    return multiply_gradients(hyper_map, inv_scale, grads)
-
-
 def total(scalars):
     """The sum of a tuple of scalars, added one by one.
 
@@ -267,11 +262,6 @@ def is_constant(grads):
     multiply-by-zero probes would miss it; ``isfinite`` folds correctly. Decided at trace time, outside
     ``HyperMap``, where ``isconstant`` of an element is always False."""
     return F.isconstant(grads)
-
-
-def any_nonfinite(hyper_map, grads):
-    """A bool scalar: True when some gradient holds inf/nan (exact; graph mode)."""
-    return ops.logical_not(ops.isfinite(nonfinite_indicator(hyper_map, grads)))
 
 
 def fingerprint(hyper_map, grads):

@@ -313,8 +313,9 @@ class DynamicLossScaleUpdateCell(LossScaleUpdateCell):
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, *, mutable_rule=False, **extensions):
         arguments = dict(extensions, loss_scale_value=loss_scale_value, scale_factor=scale_factor)
+        fields = rule_fields(MINDSPORE_CELL, dict(arguments, scale_window=scale_window))
         with errors_named(MINDSPORE_CELL):
-            policy = LossScalePolicy(**rule_fields(MINDSPORE_CELL, dict(arguments, scale_window=scale_window)))
+            policy = LossScalePolicy(**fields)
         super().__init__(policy, mutable=check_bool("mutable_rule", mutable_rule), loss_scale_value=loss_scale_value)
 
     @classmethod

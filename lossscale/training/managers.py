@@ -122,8 +122,9 @@ class DynamicLossScaleManager(LossScaleManager):
 
     def __init__(self, init_loss_scale=2**24, scale_factor=2, scale_window=2000, **extensions):
         arguments = dict(extensions, init_loss_scale=init_loss_scale, scale_factor=scale_factor)
+        fields = rule_fields(MINDSPORE_MANAGER, dict(arguments, scale_window=scale_window))
         with errors_named(MINDSPORE_MANAGER):
-            rule = LossScalePolicy(**rule_fields(MINDSPORE_MANAGER, dict(arguments, scale_window=scale_window)))
+            rule = LossScalePolicy(**fields)
         self._adopt(rule, (scale_factor, scale_window))
 
     def _adopt(self, rule, arguments=(None, None)):

@@ -115,65 +115,44 @@ def built_option(name, getter=None):
     return property(get, assign, doc=f"``{name}`` as built (read-only unless a subclass has its own construct).")
 
 
-class SubclassChecks:
-    """The train cell's host side that concerns subclasses (a mixin of
-    :class:`lossscale.TrainOneStepWithLossScaleCell`): the options only its ``construct`` honours, the host features
-    that compiling it into another graph would lose, and the update cell a model-zoo subclass assigns again."""
+_HONOURED_ONLY_BY_OUR_CONSTRUCT = dict(
+    drop_overflow_update=True,
+    clip_global_norm=None,
+    accumulation_steps=1,
+    overflow_policy="skip",
+    debug_overflow=False,
+    extra_outputs=False,
+    lr_per_micro_batch=False,
+)
 
-    OWN_CONSTRUCT = None  # the train cell's own construct (set by the train cell class)
 
-    def _options_only_our_construct_honours(self):
-        """The options given with non-default values that act only in this class's ``construct``, when a subclass
-        overrides it (checked at the first call: :meth:`__call__`); () otherwise."""
-        if not overrides_construct(self):
-            return ()
-        given = {
-            "drop_overflow_update": not self._drop_overflow_update,
-            "clip_global_norm": self.clipper is not None,
-            "accumulation_steps": self._accumulation is not None,
-            "overflow_policy": self.persistent_overflow.policy != "skip",
-            "debug_overflow": self.forensics is not None,
-            "extra_outputs": self._extra_outputs,
-            "lr_per_micro_batch": self._lr_per_micro_batch,
-        }
-        return tuple(f"{name}={getattr(self, name)!r}" for name, is_given in given.items() if is_given)
+def construct_only_options(cell):
+    """The options ``cell`` was built with, at other than their defaults, that act only in the train cell's own
+    ``construct``, when its class overrides it (checked at its first call); () otherwise. Reads the options as the
+    cell reports them."""
+    if not overrides_construct(cell):
+        return ()
+    given = ((name, getattr(cell, name)) for name in _HONOURED_ONLY_BY_OUR_CONSTRUCT)
+    return tuple(f"{name}={value!r}" for name, value in given if value != _HONOURED_ONLY_BY_OUR_CONSTRUCT[name])
 
-    def _describe_host_features(self):
-        """What runs on the host after each call ("" if nothing): only ``__call__`` runs it."""
-        features = [f"overflow_policy={self.overflow_policy!r}"] if self.persistent_overflow.active else []
-        return " and ".join(features + (["debug_overflow=True"] if self.forensics is not None else []))
 
-    def __setattr__(self, name, value):
-        if name == "loss_scaling_manager":
-            self._keep_update_cell(value)
-            return
-        super().__setattr__(name, value)
+def host_features(cell):
+    """What runs on the host after each call of ``cell`` ("" if nothing): only its ``__call__`` runs it."""
+    features = [f"overflow_policy={cell.overflow_policy!r}"] if cell.persistent_overflow.active else []
+    return " and ".join(features + (["debug_overflow=True"] if cell.forensics is not None else []))
 
-    def _keep_update_cell(self, value):
-        """Model-zoo subclasses (BERT, GPT, ...) assign ``self.loss_scaling_manager = scale_update_cell`` after
-        ``super().__init__(network, optimizer, scale_update_cell)``: the update cell it holds, accepted. (nn.Cell's
-        own assignment raised a KeyError, "the loss_scaling_manager child cell already exists".) Another one is
-        refused: the core's scale and the compiled step are bound to the cell given when building."""
-        current = self.loss_scaler.update_cell
-        if value is current:
-            return
-        held = "no update cell (a Tensor scale_sense)" if current is None else f"a {type(current).__name__}"
-        raise AttributeError(
-            f"{type(self).__name__}.loss_scaling_manager cannot be replaced: this cell holds {held}, "
-            f"given when it was built, and its scale and compiled step are bound to it. Assigning the "
-            f"same update cell again is accepted; for another rule, build a new train cell with it."
-        )
 
-    def compile(self, *args, **kwargs):
-        """Compile ahead of the first call (MindSpore's ``Cell.compile``; ``Model.build`` uses it): the graph is
-        the one ``__call__`` runs, with its host-side checks."""
-        with host_call(self._host_call_token):
-            return super().compile(*args, **kwargs)
-
-    def _check_first_call(self, *args, **kwargs):
-        """At the first call of a subclass given options only this class's ``construct`` honours: compile (what
-        the call compiles anyway) and refuse them if that ``construct`` was not traced."""
-        if self._construct_only_options:
-            self.compile(*args, **kwargs)
-            refuse_options_without_construct(type(self), self._host_call_token, self._construct_only_options)
-            self._construct_only_options = ()
+def keep_update_cell(cell, value):
+    """Model-zoo subclasses (BERT, GPT, ...) assign ``self.loss_scaling_manager = scale_update_cell`` after
+    ``super().__init__(network, optimizer, scale_update_cell)``: the update cell ``cell`` holds is accepted (nn.Cell's
+    own assignment raised a KeyError, "the loss_scaling_manager child cell already exists"). Another one is refused:
+    the core's scale and the compiled step are bound to the cell given when building."""
+    current = cell.loss_scaling_manager
+    if value is current:
+        return
+    held = "no update cell (a Tensor scale_sense)" if current is None else f"a {type(current).__name__}"
+    raise AttributeError(
+        f"{type(cell).__name__}.loss_scaling_manager cannot be replaced: this cell holds {held}, given when it was "
+        f"built, and its scale and compiled step are bound to it. Assigning the same update cell again is accepted; "
+        f"for another rule, build a new train cell with it."
+    )

@@ -18,6 +18,7 @@ from mindspore.common import dtype as mstype
 
 from lossscale.core import gradients
 from lossscale.core._optimizers import check_optimizer_loss_scale, refuse_bfloat16_on_cpu
+from lossscale.core._parameters import write_parameter
 from lossscale.core._validation import check_bool, check_int_in_range
 from lossscale.core.clipping import GlobalNormClip, global_norm
 from lossscale.core.compat import compile_again_at_next_call
@@ -37,24 +38,31 @@ from lossscale.training.bookkeeping import (
     PersistentOverflowPolicy,
     check_debug_flag,
 )
-from lossscale.training.checkpoints import CheckpointReceiver
-from lossscale.training.host_state import HostState
+from lossscale.training.checkpoints import CheckpointReceiver, check_cell_state, checkpoint_choice, take_received_state
+from lossscale.training.host_state import after_step, checked_sense_scale
 from lossscale.training.running_statistics import RunningStatistics
 from lossscale.training.subclass_checks import (
-    SubclassChecks,
     built_option,
+    construct_only_options,
     host_call,
     host_call_token,
+    host_features,
+    keep_update_cell,
     mark_own_construct_traced,
+    refuse_options_without_construct,
     refuse_reassigned_options,
     refuse_without_host_call,
 )
 
 
 def _add_mindspore_helpers(cell):
-    """The primitives and flags MindSpore's own cell defines, which subclasses copied from model zoos use in their
-    ``construct`` or ``get_overflow_status`` (``self.less_equal(self.base, self.reduce_sum(status, (0,)))``, with
-    ``self.allreduce`` when ``self.is_distributed``). Our own methods do not use them."""
+    """The constants the step uses, and the primitives and flags MindSpore's own cell defines, which subclasses
+    copied from model zoos use in their ``construct`` or ``get_overflow_status`` (``self.less_equal(self.base,
+    self.reduce_sum(status, (0,)))``, with ``self.allreduce`` when ``self.is_distributed``); our own methods use
+    only ``hyper_map`` and the constants."""
+    cell.hyper_map = ops.HyperMap()
+    cell._zero, cell._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
+    cell._false = Tensor(False, mstype.bool_)
     cell.base = Tensor(1, mstype.float32)
     cell.base0 = Tensor(0, mstype.int32)
     cell.reduce_sum = ops.ReduceSum(keep_dims=False)
@@ -75,7 +83,7 @@ def _output_options(optimizer, extra_outputs, lr_per_micro_batch):
     return options["extra_outputs"], options["lr_per_micro_batch"]
 
 
-class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCell):
+class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
     r"""Training step with loss scaling that runs on CPU, GPU and Ascend.
 
     A drop-in for ``mindspore.nn.TrainOneStepWithLossScaleCell`` (same arguments,
@@ -184,9 +192,12 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         super().__init__(network, optimizer, sens=None)
         self._subclass_options, self._reassigned_options = {}, ()  # see built_option
         self._drop_overflow_update = check_bool("drop_overflow_update", drop_overflow_update)
-        self._adopt_scale(optimizer, scale_sense, overflow_check)
+        self._optimizer_unscales, self.loss_scaler = _scale_core(optimizer, scale_sense, overflow_check)
+        self.scale_sense = self.loss_scaler.scale_value
+        refuse_applied_overflows_with_a_dynamic_rule(self._drop_overflow_update, self.loss_scaler)
         self.clipper = None if clip_global_norm is None else GlobalNormClip(clip_global_norm)
-        self._build_accumulation(accumulation_steps)
+        self._accumulation_steps, self._accumulation = _accumulation_of(self, accumulation_steps)
+        self.checkpoint_receiver = CheckpointReceiver(self._accumulation is not None, self.loss_scaler.update_cell)
         self.persistent_overflow = PersistentOverflowPolicy(overflow_policy, max_consecutive_overflows)
         self.counters = OverflowCounters()
         self.forensics = OverflowForensics(self.weights) if check_debug_flag(debug_overflow) else None
@@ -196,32 +207,11 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         self._norm_decides = self.clipper is not None and self.overflow_check != ASCEND_SATURATION
         # A subclass that overrides get_overflow_status (MindSpore's extension point) is honoured.
         self._custom_status = type(self).get_overflow_status is not TrainOneStepWithLossScaleCell.get_overflow_status
-        self.hyper_map = ops.HyperMap()
         _add_mindspore_helpers(self)
-        self._zero, self._one = Tensor(0.0, mstype.float32), Tensor(1.0, mstype.float32)
-        self._false = Tensor(False, mstype.bool_)
         self._state_checked = False
-        self._host_features = self._describe_host_features()
+        self._host_features = host_features(self)
         self._host_call_token = host_call_token()
-        self._construct_only_options = self._options_only_our_construct_honours()
-
-    def _adopt_scale(self, optimizer, scale_sense, overflow_check):
-        """The loss-scaling core for ``scale_sense``. When the optimizer divides by the scale itself, the scale is
-        a constant, as MindSpore's Python-float sens: a checkpoint written at another scale cannot change it while
-        the optimizer keeps dividing by this one."""
-        self._optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
-        self.loss_scaler = LossScaler(scale_sense, overflow_check=overflow_check, frozen=self._optimizer_unscales)
-        self.scale_sense = self.loss_scaler.scale_value
-        refuse_applied_overflows_with_a_dynamic_rule(self._drop_overflow_update, self.loss_scaler)
-
-    def _build_accumulation(self, accumulation_steps):
-        """The accumulation part (None for one micro-batch per step) and the receiver of checkpoint loads, which
-        depends on it."""
-        self._accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
-        self._accumulation = GradientAccumulation(self.weights, accumulation_steps) if accumulation_steps > 1 else None
-        if self._accumulation is not None and hasattr(self.loss_scaler.update_cell, "bind_micro_step"):
-            self.loss_scaler.update_cell.bind_micro_step(self._accumulation.micro_step)  # for the manager's counts
-        self.checkpoint_receiver = CheckpointReceiver(self._accumulation is not None, self.loss_scaler.update_cell)
+        self._construct_only_options = construct_only_options(self)
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
@@ -268,7 +258,10 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         self.loss_scaler.check_update_cell_owner()
         if not self._state_checked:
             self.check_state()
-        self._check_first_call(*args, **kwargs)
+        if self._construct_only_options:  # a subclass's construct: compile (as the call would) and check ours ran
+            self.compile(*args, **kwargs)
+            refuse_options_without_construct(type(self), self._host_call_token, self._construct_only_options)
+            self._construct_only_options = ()
         scale_used = self.get_loss_scale() if self.persistent_overflow.active else None
         with host_call(self._host_call_token):
             try:
@@ -277,8 +270,65 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
                 compile_again_at_next_call(self)  # a graph that raised fails at every later call: once fixed, go on
                 raise
         if self.persistent_overflow.active or self.forensics is not None:
-            self._after_step(outputs, scale_used)
+            after_step(self, outputs, scale_used)
         return outputs
+
+    def __setattr__(self, name, value):
+        if name == "loss_scaling_manager":
+            keep_update_cell(self, value)
+            return
+        super().__setattr__(name, value)
+
+    def compile(self, *args, **kwargs):
+        """Compile ahead of the first call (MindSpore's ``Cell.compile``; ``Model.build`` uses it): the graph is
+        the one ``__call__`` runs, with its host-side checks."""
+        with host_call(self._host_call_token):
+            return super().compile(*args, **kwargs)
+
+    # ---- host side (each call syncs at most once) -----------------------------------------------------------
+    def set_sense_scale(self, sens):
+        """Set the scale (host to device, no graph rebuild), within the update cell's rule: between a dynamic
+        cell's ``min_loss_scale`` and ``max_loss_scale``; refused for a fixed scale that an update cell or the
+        optimizer's ``loss_scale`` fixes."""
+        write_parameter(self.scale_sense, checked_sense_scale(self, sens))
+
+    def get_loss_scale(self):
+        """The current scale held on the device, as a float (one host sync)."""
+        return self.loss_scaler.get_scale()
+
+    def overflow_counters(self):
+        """In-graph counters as Python ints (one host sync): ``steps`` (optimizer steps, i.e. windows),
+        ``skipped_steps``, ``consecutive_overflows``, ``last_overflow_step`` (1-based, 0 = never)."""
+        return self.counters.as_dict()
+
+    def state_dict(self):
+        """The loss-scale state as Python numbers, ``{'loss_scale', 'good_steps', 'hysteresis_left'}`` (counters
+        only with a dynamic update cell of lossscale's; one host sync)."""
+        return self.loss_scaler.state_dict()
+
+    def load_state_dict(self, state):
+        """Restore :meth:`state_dict` output (validated against the update cell's rule; nothing changes on error).
+        A fixed scale must be the one saved; a frozen scale (the optimizer divides by it) cannot change."""
+        self.loss_scaler.load_state_dict(state)
+        self.check_state()
+
+    def check_state(self):
+        """Raise ``ValueError`` if the loss-scale state (e.g. as a checkpoint loaded it) cannot be trained with
+        (:func:`lossscale.training.checkpoints.check_cell_state`). Runs by itself before the first step; call it after
+        loading a checkpoint into a cell that has already run. What a checkpoint of another configuration held
+        (:class:`lossscale.training.checkpoints.CheckpointReceiver`) is refused or translated first. One host sync."""
+        take_received_state(self)
+        check_cell_state(self)
+        self.state_checked()
+
+    def state_checked(self):
+        """Record that the state was checked (by :meth:`check_state` or a validated load)."""
+        self._state_checked = True
+
+    def checkpoint_choice(self):
+        """A ``choice_func`` for ``mindspore.save_checkpoint`` that leaves out the accumulators when they are
+        empty, at each save it serves (:func:`lossscale.training.checkpoints.checkpoint_choice`)."""
+        return checkpoint_choice(self)
 
     # ---- graph -------------------------------------------------------------------------------
     def construct(self, *inputs):
@@ -302,15 +352,10 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
             return self._accumulation_step(loss, status, grads, scaling_sens, saved)
         grads = self.grad_reducer(grads)
         flag = self._zero if self._norm_decides and not self._custom_status else self._flag(status, grads)
-        overflow, norm, learning_rate = self._finish_step(self._with_loss_flag(flag, loss), grads)
-        overflow = self._restore_statistics_if(overflow, saved)
-        return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
-
-    def _restore_statistics_if(self, skipped, saved):
-        """Write back the running statistics saved before the forward pass if ``skipped``; returns ``skipped``."""
-        if self.running_statistics is None:
-            return skipped
-        return ops.depend(skipped, self.running_statistics.restore_if(skipped, saved))
+        flag = _with_loss_flag(self.loss_scaler, self._drop_overflow_update, flag, loss)
+        overflow, norm, learning_rate = self._finish_step(flag, grads)
+        overflow = _restored_if(self.running_statistics, overflow, saved)
+        return _outputs(self._extra_outputs, loss, overflow, scaling_sens, learning_rate, norm)
 
     def _flag(self, status, grads):
         """This rank's float32 flag for ``grads``: the backend check, or an overridden get_overflow_status."""
@@ -318,39 +363,11 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
             return ops.select(self.get_overflow_status(status, grads), self._one, self._zero)
         return self.loss_scaler.flag(status, grads)
 
-    def _with_loss_flag(self, flag, loss):
-        """Count a non-finite loss as an overflow (when overflowing steps are dropped); it reaches every
-        rank through the flag's all-reduce, whatever the backend's check."""
-        if self._drop_overflow_update:
-            return flag + self.loss_scaler.loss_flag(loss)
-        return flag
-
-    def _outputs(self, loss, overflow, scaling_sens, learning_rate, norm):
-        """MindSpore's ``(loss, overflow, scale)``; with ``extra_outputs`` also the learning rate the step used
-        and the global norm of the unscaled gradients (mindformers' order)."""
-        if self._extra_outputs:
-            return loss, overflow, scaling_sens, learning_rate, norm
-        return loss, overflow, scaling_sens
-
-    def _unscaled(self, grads):
-        """``grads`` as the optimizer will apply them: unscaled here, except that an optimizer that divides by the
-        fixed scale itself receives them scaled, so that their norm is measured on an unscaled copy."""
-        return self.loss_scaler.unscale(grads) if self._optimizer_unscales else grads
-
-    def _reported(self, grads, norm=None):
-        """``(global norm, learning rate)`` for ``extra_outputs``, read before the optimizer steps: the norm
-        clipping computed (``norm``) or that of the unscaled ``grads``; zeros when the outputs are not asked for."""
-        if not self._extra_outputs:
-            return (self._zero if norm is None else norm), self._zero
-        if norm is None:
-            norm = global_norm(self.hyper_map, self._unscaled(grads))
-        return norm, self.optimizer.get_lr()
-
     def _accumulation_step(self, loss, status, grads, scaling_sens, saved):
-        micro_flag = self._with_loss_flag(self._flag(status, grads), loss)
+        micro_flag = _with_loss_flag(self.loss_scaler, self._drop_overflow_update, self._flag(status, grads), loss)
         if self.running_statistics is not None:
             # This micro-batch's own running statistics go if its own loss or gradients overflowed (on this rank).
-            micro_flag = ops.depend(micro_flag, self._restore_statistics_if(micro_flag != self._zero, saved))
+            micro_flag = ops.depend(micro_flag, _restored_if(self.running_statistics, micro_flag != self._zero, saved))
         window_flag, micro, last = self._accumulation.add(grads, micro_flag)
         if last:
             mean = self.grad_reducer(self._accumulation.mean(self.weights))
@@ -367,8 +384,8 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
             if self._lr_per_micro_batch:
                 done = ops.depend(done, ops.assign_add(self.optimizer.global_step, Tensor(1, mstype.int32)))
             overflow = ops.depend(self._false, done)
-            norm, learning_rate = self._reported(grads)
-        return self._outputs(loss, overflow, scaling_sens, learning_rate, norm)
+            norm, learning_rate = _reported(self, grads)
+        return _outputs(self._extra_outputs, loss, overflow, scaling_sens, learning_rate, norm)
 
     def _finish_step(self, flag, grads):
         """Decide (clip norm and/or check flag, all-reduced once), update scale and counters, step or skip.
@@ -377,9 +394,9 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
         norm or ``extra_outputs`` asks for them."""
         norm = None
         if self.clipper is not None:
-            grads, norm_flag, norm = self.clipper(grads, self._unscaled(grads))
+            grads, norm_flag, norm = self.clipper(grads, _as_applied(self, grads))
             flag = flag + norm_flag
-        norm, learning_rate = self._reported(grads, norm)
+        norm, learning_rate = _reported(self, grads, norm)
         overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))
         overflow = ops.depend(overflow, self.counters.count(overflow, self._drop_overflow_update))
         if self._drop_overflow_update:
@@ -408,6 +425,67 @@ class TrainOneStepWithLossScaleCell(SubclassChecks, HostState, nn.TrainOneStepCe
 
 
 TrainOneStepWithLossScaleCell.OWN_CONSTRUCT = TrainOneStepWithLossScaleCell.construct
+
+
+def _scale_core(optimizer, scale_sense, overflow_check):
+    """``(optimizer_unscales, core)``: the loss-scaling core for ``scale_sense``. When the optimizer divides by the
+    scale itself, the scale is a constant, as MindSpore's Python-float sens: a checkpoint written at another scale
+    cannot change it while the optimizer keeps dividing by this one."""
+    optimizer_unscales = check_optimizer_loss_scale(optimizer, fixed_scale_of(scale_sense))
+    return optimizer_unscales, LossScaler(scale_sense, overflow_check=overflow_check, frozen=optimizer_unscales)
+
+
+def _accumulation_of(cell, accumulation_steps):
+    """``(accumulation_steps, part)``: the steps checked and the accumulation part of ``cell`` (None for one
+    micro-batch per step), its micro-step bound to the update cell for the manager's counts."""
+    accumulation_steps = check_int_in_range("accumulation_steps", accumulation_steps, low=1)
+    if accumulation_steps == 1:
+        return accumulation_steps, None
+    accumulation = GradientAccumulation(cell.weights, accumulation_steps)
+    update_cell = cell.loss_scaler.update_cell
+    if hasattr(update_cell, "bind_micro_step"):
+        update_cell.bind_micro_step(accumulation.micro_step)
+    return accumulation_steps, accumulation
+
+
+# ---- graph helpers of the step --------------------------------------------------------------------------------
+def _restored_if(running_statistics, skipped, saved):
+    """Write back the running statistics saved before the forward pass if ``skipped``; returns ``skipped``."""
+    if running_statistics is None:
+        return skipped
+    return ops.depend(skipped, running_statistics.restore_if(skipped, saved))
+
+
+def _with_loss_flag(loss_scaler, drop_overflow_update, flag, loss):
+    """Count a non-finite loss as an overflow (when overflowing steps are dropped); it reaches every rank through
+    the flag's all-reduce, whatever the backend's check."""
+    if drop_overflow_update:
+        return flag + loss_scaler.loss_flag(loss)
+    return flag
+
+
+def _outputs(extra_outputs, loss, overflow, scaling_sens, learning_rate, norm):
+    """MindSpore's ``(loss, overflow, scale)``; with ``extra_outputs`` also the learning rate the step used and the
+    global norm of the unscaled gradients (mindformers' order)."""
+    if extra_outputs:
+        return loss, overflow, scaling_sens, learning_rate, norm
+    return loss, overflow, scaling_sens
+
+
+def _as_applied(cell, grads):
+    """``grads`` unscaled, as the optimizer will apply them: unscaled by the cell, except that an optimizer that
+    divides by the fixed scale itself receives them scaled, so that their norm is measured on an unscaled copy."""
+    return cell.loss_scaler.unscale(grads) if cell._optimizer_unscales else grads
+
+
+def _reported(cell, grads, norm=None):
+    """``(global norm, learning rate)`` for ``extra_outputs``, read before the optimizer steps: the norm clipping
+    computed (``norm``) or that of the unscaled ``grads``; zeros when the outputs are not asked for."""
+    if not cell._extra_outputs:
+        return (cell._zero if norm is None else norm), cell._zero
+    if norm is None:
+        norm = global_norm(cell.hyper_map, _as_applied(cell, grads))
+    return norm, cell.optimizer.get_lr()
 
 
 def _refuse_non_finite_scale(scale):

@@ -1,9 +1,10 @@
-"""Checkpoints written by lossscale 0.1.0 load into the current train cell and resume as 0.1.0 did.
+"""Checkpoints and state dicts written by lossscale 0.1.0 and 0.2.0 load and resume as those releases did.
 
-The data in tests/data/release_0_1_0 was written by ``tests/release_checkpoint.py`` with the 0.1.0
-release: a train cell saved mid-run, and what 0.1.0 did on the following calls. Loading the checkpoint
+The data in tests/data/release_0_1_0 and release_0_2_0 was written by ``tests/release_checkpoint.py`` with each
+release: a train cell saved mid-run, and what the release did on the following calls. Loading the checkpoint
 into a cell built by the current code must restore every Parameter unchanged and make the same
-decisions (overflow flags, scales, counters) on those calls.
+decisions (overflow flags, scales, counters) on those calls. ``tests/release_state.py`` wrote 0.2.0's front-end
+state dicts (both GradScaler spellings, MindFormers' window, LossScaleOptimizer and its checkpoint) the same way.
 
 Losses and weights are compared to 1e-6 relative, not bit for bit: CPU kernels round differently on
 different processors (0.1.0 itself, rerun on an AMD EPYC without AVX-512, differs from the committed
@@ -24,26 +25,32 @@ import pytest
 from mindspore import Tensor, nn
 from nets import TESTS, GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
 from release_checkpoint import CONFIGS, SPLIT, STEPS, run_calls
+from release_state import CONFIGS as STATE_CONFIGS
+from release_state import continue_run, from_json, front_end
 
 from lossscale import DynamicLossScaleManager, GradScaler, TrainOneStepWithLossScaleCell
 
 HERE = TESTS
-DATA = os.path.join(HERE, "data", "release_0_1_0")
+RELEASES = {release: os.path.join(HERE, "data", f"release_{release}") for release in ("0_1_0", "0_2_0")}
+RELEASE_CHECKPOINTS = [
+    (release, name) for release, data in RELEASES.items() for name in sorted(CONFIGS)
+    if os.path.exists(os.path.join(data, f"{name}.ckpt"))
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_release_checkpoint_resumes_identically(name):
+@pytest.mark.parametrize("release, name", RELEASE_CHECKPOINTS, ids=[f"{r}-{n}" for r, n in RELEASE_CHECKPOINTS])
+def test_release_checkpoint_resumes_identically(release, name):
     build, injected = CONFIGS[name]
-    expected = np.load(os.path.join(DATA, f"{name}.npz"))
-    saved = ms.load_checkpoint(os.path.join(DATA, f"{name}.ckpt"))
+    expected = np.load(os.path.join(RELEASES[release], f"{name}.npz"))
+    saved = ms.load_checkpoint(os.path.join(RELEASES[release], f"{name}.ckpt"))
     ms.set_seed(0)
     step = build()
     not_loaded, unused = ms.load_param_into_net(step, saved)
-    # The receivers of other configurations' state came later: absent from the release's checkpoint, left fresh.
+    # The receivers of other configurations' state came after 0.1.0: absent from its checkpoint, left fresh.
     received = set(step.checkpoint_receiver.received())
     assert set(not_loaded) <= received and unused == []
-    loaded = {name: value for name, value in snapshot(step).items() if name not in received}
-    assert sorted(loaded) == sorted(saved)
+    loaded = snapshot(step)
+    assert set(saved) <= set(loaded) and set(loaded) - set(saved) <= received
     for key, value in saved.items():
         np.testing.assert_array_equal(loaded[key], value.asnumpy(), err_msg=key)
     losses, flags, scales = run_calls(step, injected, SPLIT, STEPS)
@@ -54,6 +61,28 @@ def test_release_checkpoint_resumes_identically(name):
     params = snapshot(step)
     for key in (k for k in expected.files if k.startswith("param:")):
         np.testing.assert_allclose(params[key[len("param:") :]], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize("name", sorted(STATE_CONFIGS))
+def test_release_front_end_state_resumes_identically(name):
+    """0.2.0's state dict (and the LossScaleOptimizer's checkpoint, loaded first) into a front-end built by the
+    current code, with the weights 0.2.0 had: the same skips and scales on the following iterations."""
+    with open(os.path.join(RELEASES["0_2_0"], f"{name}.json")) as handle:
+        record = json.load(handle)
+    run = STATE_CONFIGS[name]()
+    checkpoint = os.path.join(RELEASES["0_2_0"], f"{name}.ckpt")
+    if os.path.exists(checkpoint):  # saved with 0.2.0's default name; here another wrapper may hold that one
+        flag = next(p.name for p in run.optimizer.get_parameters() if p.name.endswith(".loss_scaled"))
+        prefix = flag[: -len("loss_scaled")]
+        saved = ms.load_checkpoint(checkpoint)
+        saved = {key.replace("loss_scale_optimizer.weight.", prefix, 1): value for key, value in saved.items()}
+        not_loaded, _ = ms.load_param_into_net(run.optimizer, saved)
+        assert not_loaded == []
+    front_end(run).load_state_dict({key: from_json(value) for key, value in record["state_dict"].items()})
+    run.net.weight.set_data(Tensor(np.array(record["weight"], np.float32)))
+    flags, scales, weight = continue_run(run)
+    assert (flags, scales) == (record["flags"], record["scales"])
+    np.testing.assert_allclose(weight, record["final_weight"], rtol=1e-6, atol=1e-7)
 
 
 # ---- MindSpore's strict graph syntax ---------------------------------------------------------------------
