@@ -6,6 +6,7 @@ import subprocess
 
 import mindspore as ms
 import numpy as np
+import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.train import Callback
@@ -407,6 +408,16 @@ class Square(nn.Cell):
 def scalar_of(opt_or_param):
     """The host float of a one-element Tensor or Parameter."""
     return float(opt_or_param.asnumpy().item())
+
+
+def tiered(cases, fast):
+    """``pytest.param`` of each case (``{id: value}``): those whose id is in ``fast`` run in the README's tier, the
+    others only in the slow tier (which CI runs too), so that the five-minute tier keeps one of each kind."""
+    unknown = set(fast) - set(cases)
+    assert not unknown, f"no such cases: {unknown}"
+    return [
+        pytest.param(value, id=name, marks=() if name in fast else pytest.mark.slow) for name, value in cases.items()
+    ]
 
 
 def jit_if(compiled, function):

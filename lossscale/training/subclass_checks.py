@@ -115,25 +115,26 @@ def built_option(name, getter=None):
     return property(get, assign, doc=f"``{name}`` as built (read-only unless a subclass has its own construct).")
 
 
-_HONOURED_ONLY_BY_OUR_CONSTRUCT = dict(
-    drop_overflow_update=True,
-    clip_global_norm=None,
-    accumulation_steps=1,
-    overflow_policy="skip",
-    debug_overflow=False,
-    extra_outputs=False,
-    lr_per_micro_batch=False,
+# The train cell's options that act only in its own construct.
+HONOURED_ONLY_BY_OUR_CONSTRUCT = (
+    "drop_overflow_update",
+    "clip_global_norm",
+    "accumulation_steps",
+    "overflow_policy",
+    "debug_overflow",
+    "extra_outputs",
+    "lr_per_micro_batch",
 )
 
 
-def construct_only_options(cell):
-    """The options ``cell`` was built with, at other than their defaults, that act only in the train cell's own
-    ``construct``, when its class overrides it (checked at its first call); () otherwise. Reads the options as the
-    cell reports them."""
+def construct_only_options(cell, defaults):
+    """The options ``cell`` was built with, at other than their ``defaults`` (the train cell's signature's), that act
+    only in the train cell's own ``construct``, when its class overrides it (checked at its first call); ()
+    otherwise. Reads the options as the cell reports them."""
     if not overrides_construct(cell):
         return ()
-    given = ((name, getattr(cell, name)) for name in _HONOURED_ONLY_BY_OUR_CONSTRUCT)
-    return tuple(f"{name}={value!r}" for name, value in given if value != _HONOURED_ONLY_BY_OUR_CONSTRUCT[name])
+    given = ((name, getattr(cell, name)) for name in HONOURED_ONLY_BY_OUR_CONSTRUCT)
+    return tuple(f"{name}={value!r}" for name, value in given if value != defaults[name])
 
 
 def host_features(cell):

@@ -13,6 +13,8 @@ accumulation, clipping, the counters, forensics, the persistent-overflow policy 
 written back on a skipped step are parts of their own.
 """
 
+import inspect
+
 from mindspore import Tensor, get_context, nn, ops
 from mindspore.common import dtype as mstype
 
@@ -211,7 +213,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         self._state_checked = False
         self._host_features = host_features(self)
         self._host_call_token = host_call_token()
-        self._construct_only_options = construct_only_options(self)
+        self._construct_only_options = construct_only_options(self, _DEFAULTS)
 
     # ---- public attributes (MindSpore's names) and host-side API --------------------------------
     @property
@@ -425,6 +427,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
 
 
 TrainOneStepWithLossScaleCell.OWN_CONSTRUCT = TrainOneStepWithLossScaleCell.construct
+_DEFAULTS = {
+    name: p.default for name, p in inspect.signature(TrainOneStepWithLossScaleCell.__init__).parameters.items()
+}
 
 
 def _scale_core(optimizer, scale_sense, overflow_check):

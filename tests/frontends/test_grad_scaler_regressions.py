@@ -25,6 +25,7 @@ from nets import (
     own_names,
     regression_batches,
     regression_net,
+    tiered,
     training_state,
     with_inf,
 )
@@ -70,8 +71,10 @@ def test_recompiling_and_other_compiled_functions_never_raise():
 @pytest.mark.lowest
 @pytest.mark.parametrize(
     "compiled_halves",
-    [(True, False), (False, True), (True, True)],
-    ids=["unscale_compiled", "step_compiled", "both_compiled"],
+    tiered(
+        {"unscale_compiled": (True, False), "step_compiled": (False, True), "both_compiled": (True, True)},
+        fast={"unscale_compiled"},
+    ),
 )
 def test_an_iteration_split_between_compiled_functions_and_python_trains_as_eagerly(compiled_halves):
     """``unscale_`` in one function, clipping in Python, ``step``+``update`` in another, each compiled or not: the

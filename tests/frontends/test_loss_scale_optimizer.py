@@ -19,6 +19,7 @@ from nets import (
     regression_batches,
     regression_net,
     scalar_of,
+    tiered,
     training_state,
     with_inf,
 )
@@ -144,13 +145,15 @@ def _square_steps(options, compiled):
 
 @pytest.mark.parametrize(
     "options",
-    [
-        {"skip_gradients_aggregation": True},
-        {"positional": (True,)},
-        {"skip_gradients_aggregation": False, "name": "apply"},
-        {"experimental_aggregate_gradients": False, "name": None},
-    ],
-    ids=["skip", "skip_positional", "no_skip_named", "legacy_keyword"],
+    tiered(
+        {
+            "skip": {"skip_gradients_aggregation": True},
+            "skip_positional": {"positional": (True,)},
+            "no_skip_named": {"skip_gradients_aggregation": False, "name": "apply"},
+            "legacy_keyword": {"experimental_aggregate_gradients": False, "name": None},
+        },
+        fast={"skip", "legacy_keyword"},
+    ),
 )
 def test_tf_keras_apply_gradients_options_train_as_without_them(options, compiled):
     """tf.keras' apply_gradients(grads_and_vars, skip_gradients_aggregation=False, **kwargs) with its keywords

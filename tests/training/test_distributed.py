@@ -1,4 +1,5 @@
-"""Two ranks on loopback with msrun: every rank skips together (run by CI, bounded, no leftovers)."""
+"""Two ranks on loopback with msrun: every rank skips together (the slow tier, which CI runs; bounded, no
+leftovers). The helpers that launch them are tested in the fast tier."""
 
 import json
 import os
@@ -60,6 +61,7 @@ def test_both_ranks_skip_the_step_where_only_rank_1_overflowed(two_ranks):
         assert report["inject"]["counters"]["skipped_steps"] == 1
 
 
+@pytest.mark.slow
 def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip(two_ranks):
     """Gradients finite everywhere: the decision travels only through the all-reduced flag (nan + 0)."""
     reports, weights, _ = two_ranks
@@ -72,6 +74,7 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip(two_ranks):
     np.testing.assert_array_equal(weights[(0, "loss")], weights[(1, "loss")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run_name", ["loss_torch", "loss_torch_eager", "loss_keras", "minimize_keras"])
 def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_functional_front_ends(two_ranks, run_name):
     """GradScaler kept a non-finite loss per rank: rank 1 skipped and backed off while rank 0 applied the step,
@@ -91,6 +94,7 @@ def test_a_nonfinite_loss_on_rank_1_only_makes_both_ranks_skip_with_the_function
     np.testing.assert_array_equal(weights[(0, run_name)], weights[(1, run_name)])
 
 
+@pytest.mark.slow
 def test_an_inf_on_rank_1_in_an_accumulation_window_skips_the_window_on_both_ranks(two_ranks):
     """Windows of 2 micro-batches, the gradients reduced once per window: the window flag of rank 1 reaches
     rank 0 through the one all-reduce at the window's end."""
@@ -104,6 +108,7 @@ def test_an_inf_on_rank_1_in_an_accumulation_window_skips_the_window_on_both_ran
     assert reports[0]["accumulate"] == reports[1]["accumulate"]
 
 
+@pytest.mark.slow
 def test_both_ranks_write_their_batch_norm_statistics_back_on_the_step_only_rank_1_overflowed(two_ranks):
     """Each rank's statistics are its own (plain BatchNorm); the skip is common, so rank 0 gives back its finite
     update of the skipped step too, and rank 1 keeps no inf/nan."""
@@ -118,6 +123,7 @@ def test_both_ranks_write_their_batch_norm_statistics_back_on_the_step_only_rank
     assert not np.array_equal(weights[(0, "batchnorm")], weights[(1, "batchnorm")])
 
 
+@pytest.mark.slow
 def test_both_ranks_stop_at_the_same_step_when_overflows_on_rank_1_persist(two_ranks):
     """overflow_policy="raise" with max_consecutive_overflows=2 and inf on rank 1 only from INJECT_STEP on: the
     all-reduced flag gives rank 0 the same count, so both ranks raise PersistentOverflowError at the second
@@ -134,6 +140,7 @@ def test_both_ranks_stop_at_the_same_step_when_overflows_on_rank_1_persist(two_r
     np.testing.assert_array_equal(weights[(0, "persistent")], weights[(1, "persistent")])
 
 
+@pytest.mark.slow
 def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
     reports, weights, _ = two_ranks
     for run_name in ("inject", "clean"):
@@ -145,6 +152,7 @@ def test_weights_and_scales_identical_on_every_rank_at_every_step(two_ranks):
     assert not np.array_equal(inject[step + 1], inject[step])
 
 
+@pytest.mark.slow
 def test_clean_run_matches_single_process_training_on_the_combined_batch(two_ranks):
     _, weights, _ = two_ranks
     net = regression_net()
@@ -158,6 +166,7 @@ def test_clean_run_matches_single_process_training_on_the_combined_batch(two_ran
     np.testing.assert_allclose(weights[(0, "clean")], np.stack(single), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_no_process_left_behind(two_ranks):
     """No worker of this launch is alive (a launch is told apart by its output folder, the worker's argument:
     under pytest-xdist the other test process may be running its own launch of this module's fixture)."""

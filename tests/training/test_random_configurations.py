@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from nets import tiered
 
 from lossscale import DynamicLossScaleManager, FixedLossScaleManager, TrainOneStepWithLossScaleCell
 from lossscale.core.policy import initial_state, update
@@ -174,7 +175,9 @@ def close(got, expected):
     return np.allclose(got, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize(
+    "seed", tiered({str(seed): seed for seed in range(SEEDS)}, {str(s) for s in range(SEEDS // 2)})
+)
 def test_random_configuration_trains_like_the_numpy_reference(seed):
     rng, nrng = random.Random(seed), np.random.RandomState(seed)
     options, manager, optimizer = random_configuration(rng)
