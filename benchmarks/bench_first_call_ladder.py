@@ -169,12 +169,12 @@ def main():
         ladder, restore = _gradscaler_knock_outs()
 
         def build():
-            return _gradscaler_step(GradScaler, "mlp", args.level)
+            return _gradscaler_step(GradScaler(init_scale=2.0**16), "mlp", args.level)
 
         def build_release_step():
             from release import materialise
 
-            return _gradscaler_step(materialise().GradScaler, "mlp", args.level)
+            return _gradscaler_step(materialise().GradScaler(init_scale=2.0**16), "mlp", args.level)
     else:
         ladder, restore = _train_cell_knock_outs()
 

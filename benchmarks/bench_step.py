@@ -7,9 +7,15 @@ Variants:
   plain_if    (1c) the same step with the optimizer under an `if` on a tensor condition
   plain_wait  (1d) as (1c), but the condition also waits for every gradient (no computation):
                    the structure any exact skip has, since the decision needs all gradients
+  cheapest    (1e) the floor of an exact loss-scaling step: value_and_grad of loss * S (a constant), lossscale's
+                   exact check (one read of every gradient), unscale, the optimizer under an `if`; no rule, no
+                   counters, no misuse checks
   lossscale   (2)  lossscale.TrainOneStepWithLossScaleCell + DynamicLossScaleManager
   ms_jit      (3)  MindSpore's functional path: amp.DynamicLossScaler + amp.all_finite in mindspore.jit
-  gradscaler  (4)  lossscale.GradScaler in a mindspore.jit step: scale, value_and_grad, step, update
+  gradscaler  (4)  lossscale.torch.GradScaler in a mindspore.jit step: scale, value_and_grad, step, update
+  gradscaler_paddle (4p) the same with Paddle's spelling (lossscale.paddle.GradScaler)
+  keras       (5)  lossscale.keras.LossScaleOptimizer in a mindspore.jit step: get_scaled_loss, value_and_grad,
+                   get_unscaled_gradients, apply_gradients
   with --release (needs this repository's git history):
   release     (2r) as (2), with lossscale 0.1.0 (benchmarks/release.py): what the redesign costs
   gradscaler_release (4r) as (4), with lossscale 0.1.0's GradScaler
@@ -20,14 +26,16 @@ import argparse
 import numpy as np
 from common import LEVELS, MODELS, emit, first_call_seconds, make_inputs, make_network, rotating_rounds, summarise
 
+# Every loss-scaling variant against the floor of an exact step and against MindSpore's own amp path.
+SCALING = ("lossscale", "gradscaler", "gradscaler_paddle", "keras", "ms_jit")
 BASELINES = [
     ("lossscale", "plain"),
     ("lossscale", "plain_if"),
-    ("lossscale", "ms_jit"),
     ("plain_if", "plain"),
     ("lossscale", "plain_wait"),
     ("plain_wait", "plain_if"),
-    ("gradscaler", "ms_jit"),
+    *((variant, "cheapest") for variant in SCALING),
+    *((variant, "ms_jit") for variant in SCALING if variant != "ms_jit"),
 ]
 
 
@@ -82,6 +90,33 @@ def build_plain_if(model, level):
 
 def build_plain_wait(model, level):
     return _under_if(model, level, wait_for_gradients=True)
+
+
+def build_cheapest(model, level):
+    """The floor of an exact loss-scaling step (variant 1e): nothing but what exactness needs."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    from lossscale.core.gradients import multiply_gradients, nonfinite_indicator
+
+    plain = build_plain(model, level)
+    network_with_loss, optimizer = plain.network, plain.optimizer
+    scale, inverse, hyper_map = Tensor(2.0**16, ms.float32), Tensor(2.0**-16, ms.float32), ops.HyperMap()
+
+    def forward(x, y):
+        loss = network_with_loss(x, y)
+        return loss * ops.cast(scale, loss.dtype)
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        if ops.isfinite(nonfinite_indicator(hyper_map, grads)):
+            loss = ops.depend(loss, optimizer(multiply_gradients(hyper_map, inverse, grads)))
+        return loss
+
+    return train_step
 
 
 def build_lossscale(model, level):
@@ -144,11 +179,10 @@ def build_release(model, level):
     )
 
 
-def _gradscaler_step(scaler_class, model, level):
-    """A PyTorch-style compiled step with ``scaler_class(init_scale=2**16)`` (no unscale_ call)."""
+def _gradscaler_step(scaler, model, level):
+    """A PyTorch-style compiled step with ``scaler`` (no unscale_ call)."""
     import mindspore as ms
 
-    scaler = scaler_class(init_scale=2.0**16)
     grad_fn, optimizer = _scaled_grad_fn(scaler, model, level)
 
     @ms.jit
@@ -162,24 +196,55 @@ def _gradscaler_step(scaler_class, model, level):
 
 
 def build_gradscaler(model, level):
-    from lossscale import GradScaler
+    from lossscale.torch import GradScaler
 
-    return _gradscaler_step(GradScaler, model, level)
+    return _gradscaler_step(GradScaler(init_scale=2.0**16), model, level)
+
+
+def build_gradscaler_paddle(model, level):
+    from lossscale.paddle import GradScaler
+
+    return _gradscaler_step(GradScaler(init_loss_scaling=2.0**16), model, level)
+
+
+def build_keras(model, level):
+    import mindspore as ms
+
+    from lossscale.keras import LossScaleOptimizer
+
+    plain = build_plain(model, level)
+    network_with_loss, optimizer = plain.network, LossScaleOptimizer(plain.optimizer, initial_scale=2.0**16)
+
+    def forward(x, y):
+        return optimizer.get_scaled_loss(network_with_loss(x, y))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        optimizer.apply_gradients(optimizer.get_unscaled_gradients(grads))
+        return loss
+
+    return train_step
 
 
 def build_gradscaler_release(model, level):
     from release import materialise
 
-    return _gradscaler_step(materialise().GradScaler, model, level)
+    return _gradscaler_step(materialise().GradScaler(init_scale=2.0**16), model, level)
 
 
 BUILDERS = {
     "plain": build_plain,
     "plain_if": build_plain_if,
     "plain_wait": build_plain_wait,
+    "cheapest": build_cheapest,
     "lossscale": build_lossscale,
     "ms_jit": build_ms_jit,
     "gradscaler": build_gradscaler,
+    "gradscaler_paddle": build_gradscaler_paddle,
+    "keras": build_keras,
 }
 # Against lossscale 0.1.0 (--release): needs this repository's git history (benchmarks/release.py).
 RELEASE_BUILDERS = {"release": build_release, "gradscaler_release": build_gradscaler_release}

@@ -16,14 +16,17 @@ from lossscale.core.compat import prefer_fast_cpu_convolutions  # noqa: E402
 # As the command line does; before any MindSpore operation (benchmarks/bench_cpu_kernels.py measures the difference).
 prefer_fast_cpu_convolutions()
 
-MODELS = {"mlp": 128, "lenet5": 32}  # model -> batch size
+MODELS = {"mlp": 128, "lenet5": 32, "dense16": 128}  # model -> batch size
 LEVELS = ("O0", "O2", "O3")
 
 
 def make_network(model):
-    """The benchmark networks: MLP 784-1024-1024-10 and LeNet5 on 1x32x32."""
+    """The benchmark networks: MLP 784-1024-1024-10 (6 parameter tensors), LeNet5 on 1x32x32 (10) and ``dense16``,
+    16 Dense layers of width 64 (32 small tensors: the per-tensor cost)."""
     from lossscale_models import MLP, LeNet5
 
+    if model == "dense16":
+        return MLP(64, 64, 15)
     return MLP(784, 1024, 2) if model == "mlp" else LeNet5()
 
 
@@ -33,7 +36,7 @@ def make_inputs(model, seed=0):
 
     rng = np.random.RandomState(seed)
     batch = MODELS[model]
-    shape = (batch, 784) if model == "mlp" else (batch, 1, 32, 32)
+    shape = {"mlp": (batch, 784), "lenet5": (batch, 1, 32, 32), "dense16": (batch, 64)}[model]
     return Tensor(rng.rand(*shape).astype(np.float32)), Tensor(rng.randint(0, 10, batch).astype(np.int32))
 
 
