@@ -415,9 +415,12 @@ def tiered(cases, fast):
     others only in the slow tier (which CI runs too), so that the five-minute tier keeps one of each kind."""
     unknown = set(fast) - set(cases)
     assert not unknown, f"no such cases: {unknown}"
-    return [
-        pytest.param(value, id=name, marks=() if name in fast else pytest.mark.slow) for name, value in cases.items()
-    ]
+    return [pytest.param(value, id=name, marks=slow_unless(name in fast)) for name, value in cases.items()]
+
+
+def slow_unless(in_readme_tier):
+    """The marks of a case that runs in the README's tier only when ``in_readme_tier`` (else the slow tier)."""
+    return [] if in_readme_tier else [pytest.mark.slow]
 
 
 def jit_if(compiled, function):

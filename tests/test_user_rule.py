@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from grad_scaler_harness import MinimizeRun
 from mindspore import nn
-from nets import LossScaleOptimizerRun, StepRecorder, reference_batches, regression_net, with_inf
+from nets import LossScaleOptimizerRun, StepRecorder, reference_batches, regression_net, slow_unless, with_inf
 from train_cell_harness import BATCHES, run_cell, same_weights
 from user_rule import QuarterOnRepeat, transcribed
 
@@ -76,8 +76,20 @@ def test_model_trains_with_the_rule_through_a_manager():
 SCALERS = {"torch": TorchGradScaler, "paddle": PaddleGradScaler}
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["jit", "eager"])
-@pytest.mark.parametrize("spelling", sorted(SCALERS))
+@pytest.mark.parametrize(
+    "spelling, compiled",
+    # the README's tier: each spelling once, one eager and one compiled
+    [
+        pytest.param(
+            spelling,
+            compiled,
+            id=f"{spelling}-{'jit' if compiled else 'eager'}",
+            marks=slow_unless((spelling == "torch") == compiled),
+        )
+        for spelling in sorted(SCALERS)
+        for compiled in (True, False)
+    ],
+)
 def test_grad_scalers_follow_the_rule_and_resume_from_their_state_dicts(spelling, compiled):
     first = MinimizeRun(SCALERS[spelling](policy=RULE), compiled)
     assert first.run(FLAGS[:SPLIT]) == SCALES[:SPLIT]
@@ -88,7 +100,7 @@ def test_grad_scalers_follow_the_rule_and_resume_from_their_state_dicts(spelling
     assert MinimizeRun(resumed, compiled).run(FLAGS[SPLIT:]) == SCALES[SPLIT:]
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("compiled", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jit", "eager"])
 def test_loss_scale_optimizer_follows_the_rule_and_resumes_from_its_state_dict(compiled):
     injected = [step for step, flag in enumerate(FLAGS) if flag]
     batches = reference_batches(len(FLAGS), injected)

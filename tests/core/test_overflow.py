@@ -106,7 +106,14 @@ PROBE_SHAPES = [(1024, 784), (3, 30000), (70000, 1), (1 << 16,), (7,), (6, 1, 5,
 @pytest.mark.parametrize(
     "dtype", tiered({"float16": np.float16, "float32": np.float32, "float64": np.float64}, {"float16", "float32"})
 )
-@pytest.mark.parametrize("shape", PROBE_SHAPES)
+# The README's tier: each probe branch (GEMV or not) with a matrix, a vector and a scalar; the slow tier every shape.
+@pytest.mark.parametrize(
+    "shape",
+    tiered(
+        {"x".join(map(str, shape)) or "scalar": shape for shape in PROBE_SHAPES},
+        {"1024x784", "65536", "7", "6x1x5x5", "scalar"},
+    ),
+)
 def test_indicator_finds_every_position(indicator, dtype, shape):
     """inf, -inf and nan at the first, last, middle and a random position, among the largest finite values."""
     rng = np.random.RandomState(len(shape))
@@ -142,7 +149,7 @@ def fingerprint_of():
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(1024, 784), (6, 1, 5, 5), (7,)])
+@pytest.mark.parametrize("shape", [(1024, 784), pytest.param((6, 1, 5, 5), marks=pytest.mark.slow), (7,)])
 def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_values_are(fingerprint_of, dtype, shape):
     """What GradScaler.step() relies on to refuse the scaled gradients unscale_() was given. A float64 gradient
     gave 0 (so the refusal never fired and S-times gradients were applied), and its sum beyond float32's range

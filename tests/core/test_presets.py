@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from nets import tiered
 
 from conftest import UpdateCellDriver
 from lossscale import AdaptiveLossScaleManager, DynamicLossScaleManager, DynamicLossScaleUpdateCell, get_preset
@@ -302,7 +303,15 @@ def test_the_mindformers_preset_is_its_documented_adaptive_window():
     assert UpdateCellDriver(manager.get_update_cell()).run(flags) == [s.scale for s in run_adaptive(rule, flags)]
 
 
-@pytest.mark.parametrize("name", [name for name in PRESET_NAMES if name not in ADAPTIVE_PRESET_NAMES])
+# The README's tier: MindSpore's (a floor of 1), Megatron's hysteresis and Paddle's consecutive hysteresis with
+# refill; the slow tier every preset.
+@pytest.mark.parametrize(
+    "name",
+    tiered(
+        {name: name for name in PRESET_NAMES if name not in ADAPTIVE_PRESET_NAMES},
+        {"mindspore", "megatron", "paddle_static"},
+    ),
+)
 def test_graph_cells_and_managers_apply_presets(name):
     policy = get_preset(name, growth_interval=3, init_scale=2.0**20)
     flags = _random_flags(len(name), n=60, rate=0.3)

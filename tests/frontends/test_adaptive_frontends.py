@@ -126,6 +126,7 @@ def test_a_pickled_scaler_keeps_its_rule_and_state():
     assert restored.get_scale() == scaler.get_scale() and restored._rule == scaler._rule
 
 
+@SLOW  # about 6 s; test_a_resumed_scaler_continues_step_for_step resumes a window state in the README's tier
 def test_a_zero_window_level_saves_pickles_and_resumes():
     """MindFormers' levels for a max_scale_window between 101 and 199 start with a window of 0, which grows at every
     step as a window of 1: state_dict() and pickling work there, and a resumed scaler continues step for step."""

@@ -28,7 +28,15 @@ from grad_scaler_harness import (
     tensor_batches,
 )
 from mindspore import Tensor, mint, nn, ops
-from nets import changed_since, jit_if, own_names, regression_batches, regression_net, training_state
+from nets import (
+    changed_since,
+    jit_if,
+    own_names,
+    regression_batches,
+    regression_net,
+    slow_unless,
+    training_state,
+)
 
 from lossscale import GradScaler, LossScaleOptimizer, get_preset
 from lossscale.core.policy import run
@@ -52,8 +60,15 @@ def _run_scaling_case(case, enabled, compiled, optimizer=sgd):
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("case", sorted(SCALING_CASES))
-@pytest.mark.parametrize("enabled, compiled", [(T, F), (T, T), (F, F)], ids=["eager", "jit", "disabled"])
+@pytest.mark.parametrize(
+    "case, enabled, compiled",
+    [
+        # test_eager_and_compiled_give_identical_training runs the clipping recipe eagerly in the README's tier
+        pytest.param(case, enabled, compiled, id=f"{mode}-{case}", marks=slow_unless(case == "basic" or compiled))
+        for case in sorted(SCALING_CASES)
+        for (enabled, compiled, mode) in [(T, F, "eager"), (T, T, "jit"), (F, F, "disabled")]
+    ],
+)
 def test_run_scaling_case(case, enabled, compiled):
     scaler, control, scaled = _run_scaling_case(case, enabled, compiled)
     assert scaler.get_scale() == (128.0 * 2.0**3 * 0.5 if enabled else 1.0)  # 3 unskipped, 1 skipped
@@ -66,8 +81,8 @@ def test_run_scaling_case(case, enabled, compiled):
     [
         lambda params: nn.Adam(params, learning_rate=0.05),
         # MindSpore's PyTorch-style optimizers (what a PyTorch user reaches for), called with the gradients too
-        lambda params: ms.experimental.optim.Adam(params, lr=0.05),
-        lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9),
+        pytest.param(lambda params: ms.experimental.optim.Adam(params, lr=0.05), marks=pytest.mark.slow),
+        pytest.param(lambda params: mint.optim.SGD(params, lr=0.05, momentum=0.9), marks=pytest.mark.slow),
         # an LR and an average that follow global_step, which a skipped iteration must not advance
         lambda params: nn.ASGD(params, learning_rate=0.05, t0=2.0),
     ],
@@ -141,11 +156,19 @@ def test_accumulation_over_two_micro_batches():
 
 
 @pytest.mark.lowest
-@pytest.mark.parametrize("condition", [bool, Tensor], ids=["python_bool", "tensor"])
 @pytest.mark.parametrize(
-    "spelling",
-    [{"init_loss_scaling": 1024.0, "incr_every_n_steps": 2}, {"init_scale": 1024.0, "growth_interval": 2}],
-    ids=["paddle", "torch"],
+    "spelling, condition",
+    [
+        # the README's tier: each spelling with one kind of condition
+        pytest.param(
+            spelling, condition, id=f"{name}-{kind}", marks=slow_unless((name == "torch") == (kind == "tensor"))
+        )
+        for name, spelling in [
+            ("paddle", {"init_loss_scaling": 1024.0, "incr_every_n_steps": 2}),
+            ("torch", {"init_scale": 1024.0, "growth_interval": 2}),
+        ]
+        for kind, condition in [("python_bool", bool), ("tensor", Tensor)]
+    ],
 )
 def test_step_and_update_under_an_if_in_a_compiled_step_train_as_eagerly(spelling, condition):
     """A compiled step that steps and updates only when an argument says so (a Python bool or a bool Tensor; one

@@ -130,9 +130,12 @@ MISUSES = [
 
 
 # Compiled, these refusals run the same graph code as eagerly (an eager call runs its compiled graph part), at
-# about 4 s each: the slow tier runs them; the README's tier keeps the compiled cases whose records differ.
+# about 5 s each: the slow tier runs them; the README's tier keeps one compiled refusal of a changed record.
 SLOW_WHEN_COMPILED = {
     "dropped_returned_gradients",
+    "dropped_returned_gradients_then_clamped",
+    "unscaled_together_then_stepped_in_slices",
+    "unscaled_in_slices_then_stepped_together",
     "mismatched_keys",
     "unscale_twice",
     "step_twice",

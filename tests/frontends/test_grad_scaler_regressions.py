@@ -623,7 +623,7 @@ def _one_rule_runs(policy, batches, weight):
     "preset, overrides",
     [
         ("pytorch", dict(init_scale=2.0**14, growth_interval=3)),
-        ("megatron", dict(init_scale=2.0**14, growth_interval=2)),
+        pytest.param("megatron", dict(init_scale=2.0**14, growth_interval=2), marks=pytest.mark.slow),
     ],
 )
 def test_the_three_front_ends_with_one_rule_train_bit_identically(preset, overrides):

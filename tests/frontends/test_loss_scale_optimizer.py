@@ -152,7 +152,7 @@ def _square_steps(options, compiled):
             "no_skip_named": {"skip_gradients_aggregation": False, "name": "apply"},
             "legacy_keyword": {"experimental_aggregate_gradients": False, "name": None},
         },
-        fast={"skip", "legacy_keyword"},
+        fast={"legacy_keyword"},
     ),
 )
 def test_tf_keras_apply_gradients_options_train_as_without_them(options, compiled):

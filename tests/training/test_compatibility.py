@@ -23,7 +23,16 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from nets import TESTS, GradScalerRun, LossScaleOptimizerRun, reference_batches, reference_net, snapshot
+from nets import (
+    TESTS,
+    GradScalerRun,
+    LossScaleOptimizerRun,
+    reference_batches,
+    reference_net,
+    slow_unless,
+    snapshot,
+    tiered,
+)
 from release_checkpoint import CONFIGS, SPLIT, STEPS, run_calls
 from release_state import CONFIGS as STATE_CONFIGS
 from release_state import continue_run, from_json, front_end
@@ -38,7 +47,17 @@ RELEASE_CHECKPOINTS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("release, name", RELEASE_CHECKPOINTS, ids=[f"{r}-{n}" for r, n in RELEASE_CHECKPOINTS])
+# The README's tier: one configuration of each release; the slow tier all of them.
+README_TIER_CHECKPOINTS = {("0_1_0", "dynamic_hysteresis_clip"), ("0_2_0", "adaptive_window")}
+
+
+@pytest.mark.parametrize(
+    "release, name",
+    [
+        pytest.param(r, n, id=f"{r}-{n}", marks=slow_unless((r, n) in README_TIER_CHECKPOINTS))
+        for r, n in RELEASE_CHECKPOINTS
+    ],
+)
 def test_release_checkpoint_resumes_identically(release, name):
     build, injected = CONFIGS[name]
     expected = np.load(os.path.join(RELEASES[release], f"{name}.npz"))
@@ -63,7 +82,7 @@ def test_release_checkpoint_resumes_identically(release, name):
         np.testing.assert_allclose(params[key[len("param:") :]], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)
 
 
-@pytest.mark.parametrize("name", sorted(STATE_CONFIGS))
+@pytest.mark.parametrize("name", tiered({name: name for name in sorted(STATE_CONFIGS)}, {"torch_clip"}))
 def test_release_front_end_state_resumes_identically(name):
     """0.2.0's state dict (and the LossScaleOptimizer's checkpoint, loaded first) into a front-end built by the
     current code, with the weights 0.2.0 had: the same skips and scales on the following iterations."""
@@ -136,7 +155,7 @@ def _strict_mode_is_on():
     return False
 
 
-@pytest.mark.parametrize("front_end", ["train_cell", "torch", "paddle", "keras"])
+@pytest.mark.parametrize("front_end", tiered({f: f for f in ["train_cell", "torch", "paddle", "keras"]}, {"torch"}))
 def test_every_front_end_trains_the_same_in_strict_syntax_mode(front_end, monkeypatch):
     """MindSpore's strict graph syntax (no JIT Fallback; ``MS_DEV_JIT_SYNTAX_LEVEL=0``, which MindSpore 2.10
     reads at each compile, while its ``set_context(jit_syntax_level=...)`` no longer takes effect): the train
@@ -152,7 +171,7 @@ def test_every_front_end_trains_the_same_in_strict_syntax_mode(front_end, monkey
     assert runs["0"] == runs["2"]
 
 
-@pytest.mark.parametrize("front_end", ["torch", "paddle", "keras"])
+@pytest.mark.parametrize("front_end", tiered({f: f for f in ["torch", "paddle", "keras"]}, {"torch"}))
 def test_every_front_end_called_eagerly_in_pynative_mode_trains_as_compiled(front_end):
     """PyNative is MindSpore's default mode (every other test runs in graph mode, see conftest.py): there the
     front-ends' Cells (the update cell, the state table) run op by op. The same skips, scale and weights as

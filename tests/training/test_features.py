@@ -25,6 +25,7 @@ from nets import (
     regression_batches,
     regression_net,
     snapshot,
+    tiered,
     train_calls,
     training_state,
 )
@@ -384,8 +385,15 @@ def test_raise_when_an_overflow_hits_the_minimum_scale(manager):
 
 @pytest.mark.parametrize(
     "options",
-    [{"overflow_policy": "raise"}, {"overflow_policy": "warn"}, {"debug_overflow": True}, {}],
-    ids=["raise", "warn", "forensics", "skip"],
+    tiered(
+        {
+            "raise": {"overflow_policy": "raise"},
+            "warn": {"overflow_policy": "warn"},
+            "forensics": {"debug_overflow": True},
+            "skip": {},
+        },
+        {"raise", "skip"},
+    ),
 )
 def test_host_side_checks_refuse_to_be_compiled_into_another_graph(options):
     """Called inside the user's own mindspore.jit, the cell's __call__ (where the policy and the forensics run)
@@ -883,14 +891,14 @@ class ExtendsOurConstruct(TrainOneStepWithLossScaleCell):
 
 @pytest.mark.parametrize(
     "option, value",
-    [
+    [  # the README's tier: the first three (one refusal path); the slow tier every option
         ("drop_overflow_update", False),
         ("accumulation_steps", 2),
-        ("overflow_policy", "raise"),
-        ("debug_overflow", True),
-        ("extra_outputs", True),
         ("clip_global_norm", 1.0),
-        ("lr_per_micro_batch", True),
+        pytest.param("overflow_policy", "raise", marks=pytest.mark.slow),
+        pytest.param("debug_overflow", True, marks=pytest.mark.slow),
+        pytest.param("extra_outputs", True, marks=pytest.mark.slow),
+        pytest.param("lr_per_micro_batch", True, marks=pytest.mark.slow),
     ],
 )
 def test_each_option_only_our_construct_honours_is_named_when_refused(option, value):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore.common import dtype as mstype
-from nets import Float64Regression, PlainSGD, changed_since, jit_if, regression_net, training_state
+from nets import Float64Regression, PlainSGD, changed_since, jit_if, regression_net, tiered, training_state
 from train_cell_harness import BATCHES, dynamic_cell, run_cell, same_weights, save_cell_checkpoint
 
 from lossscale import (
@@ -386,12 +386,13 @@ def test_extra_outputs_with_accumulation_report_each_micro_batch_and_the_window_
 @pytest.mark.parametrize(
     "per_micro_batch, inject, expected, drop",
     [
+        # the README's tier: each schedule once, and a window skipped per micro-batch
         (False, (), 2, True),
         (True, (), 8, True),
-        (False, (5,), 1, True),
+        pytest.param(False, (5,), 1, True, marks=pytest.mark.slow),
         (True, (5,), 8, True),  # the second window skipped (an inf in its second micro-batch)
-        (False, (5,), 2, False),
-        (True, (5,), 8, False),  # drop_overflow_update=False: that window is applied
+        pytest.param(False, (5,), 2, False, marks=pytest.mark.slow),
+        pytest.param(True, (5,), 8, False, marks=pytest.mark.slow),  # drop_overflow_update=False: applied
     ],
     ids=[
         "per_step",
@@ -444,7 +445,14 @@ def _parallel_mode(mode):
 
 
 @pytest.mark.parametrize(
-    "mode", ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"]
+    "mode",
+    tiered(
+        {
+            mode: mode
+            for mode in ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"]
+        },
+        {"stand_alone", "data_parallel", "semi_auto_parallel"},
+    ),
 )
 def test_every_parallel_mode_but_stand_alone_all_reduces_the_flag(mode):
     """As MindSpore's own cell: the decision is all-reduced in every mode but stand-alone, so an overflow on another
@@ -510,7 +518,9 @@ def test_each_grad_scaler_call_all_reduces_its_decision_in_data_parallel():
     assert scales == [512.0, 256.0, 128.0, 64.0, 64.0]
 
 
-@pytest.mark.parametrize("remote", [0.0, np.nan], ids=["clean", "overflow_on_another_rank"])
+@pytest.mark.parametrize(
+    "remote", tiered({"clean": 0.0, "overflow_on_another_rank": np.nan}, {"overflow_on_another_rank"})
+)
 @pytest.mark.parametrize("minimize", [False, True], ids=["apply_gradients", "minimize"])
 def test_loss_scale_optimizer_skips_when_another_rank_overflowed_in_data_parallel(remote, minimize):
     """The LossScaleOptimizer's decision is all-reduced too (docs/distributed.md): finite gradients here and an
@@ -759,7 +769,7 @@ def _gradients_with(scale, net, how):
     return (ms.jit(step) if how == "jit" else step)(x)
 
 
-@pytest.mark.parametrize("how", ["pynative", "graph", "jit"])
+@pytest.mark.parametrize("how", tiered({how: how for how in ["pynative", "graph", "jit"]}, {"pynative", "jit"}))
 @pytest.mark.parametrize("name, build", _SCALING_CALLS, ids=[name for name, _ in _SCALING_CALLS])
 def test_a_loss_scaled_inside_the_differentiated_function_does_not_warn(name, build, how):
     """The documented place, in each way of calling it: no warning, and gradients S times the unscaled ones."""
