@@ -411,8 +411,11 @@ def scalar_of(opt_or_param):
 
 
 def tiered(cases, fast):
-    """``pytest.param`` of each case (``{id: value}``): those whose id is in ``fast`` run in the README's tier, the
-    others only in the slow tier (which CI runs too), so that the five-minute tier keeps one of each kind."""
+    """``pytest.param`` of each case (``{id: value}``, or names that are their own values): those whose id is in
+    ``fast`` run in the README's tier, the others only in the slow tier (which CI runs too), so that the five-minute
+    tier keeps one of each kind."""
+    if not isinstance(cases, dict):
+        cases = {name: name for name in cases}
     unknown = set(fast) - set(cases)
     assert not unknown, f"no such cases: {unknown}"
     return [pytest.param(value, id=name, marks=slow_unless(name in fast)) for name, value in cases.items()]

@@ -49,9 +49,7 @@ def _assert_cell_follows_policy(driver, flags):
 
 
 # The README's tier: MindSpore's rule, hysteresis, and the scale falling to 0; the slow tier every policy.
-@pytest.mark.parametrize(
-    "name", tiered({name: name for name in sorted(FIXED_POLICIES)}, {"mindspore_like", "hysteresis", "no_floor"})
-)
+@pytest.mark.parametrize("name", tiered(sorted(FIXED_POLICIES), {"mindspore_like", "hysteresis", "no_floor"}))
 @_SETTINGS
 @given(flags=st.lists(st.booleans(), min_size=1, max_size=60))
 @example(flags=[True] * 12 + [False, True, False])  # "no_floor" reaches 2**-126, then 0, where a clean step keeps it

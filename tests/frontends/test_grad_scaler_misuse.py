@@ -188,7 +188,7 @@ BETWEEN_UNSCALE_AND_STEP = {
 }
 
 
-@pytest.mark.parametrize("change", tiered({name: name for name in BETWEEN_UNSCALE_AND_STEP}, {"clip_grad_value_1e-3"}))
+@pytest.mark.parametrize("change", tiered(list(BETWEEN_UNSCALE_AND_STEP), {"clip_grad_value_1e-3"}))
 def test_pytorch_in_place_habit_trains_as_written_from_python(change):
     """PyTorch's recipes (clip_grad_value_ among them) with the result of unscale_ dropped: called from Python the
     given Tensors are unscaled in place, so each trains step for step as the recipe that keeps the result."""

@@ -447,10 +447,7 @@ def _parallel_mode(mode):
 @pytest.mark.parametrize(
     "mode",
     tiered(
-        {
-            mode: mode
-            for mode in ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"]
-        },
+        ["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"],
         {"stand_alone", "data_parallel", "semi_auto_parallel"},
     ),
 )
@@ -769,7 +766,7 @@ def _gradients_with(scale, net, how):
     return (ms.jit(step) if how == "jit" else step)(x)
 
 
-@pytest.mark.parametrize("how", tiered({how: how for how in ["pynative", "graph", "jit"]}, {"pynative", "jit"}))
+@pytest.mark.parametrize("how", tiered(["pynative", "graph", "jit"], {"pynative", "jit"}))
 @pytest.mark.parametrize("name, build", _SCALING_CALLS, ids=[name for name, _ in _SCALING_CALLS])
 def test_a_loss_scaled_inside_the_differentiated_function_does_not_warn(name, build, how):
     """The documented place, in each way of calling it: no warning, and gradients S times the unscaled ones."""
