@@ -25,11 +25,11 @@ def scaled_grad_fn(scaler, net, optimizer):
     return ms.value_and_grad(forward, None, optimizer.parameters)
 
 
-def pytorch_sgd_setup(**scaler_arguments):
+def pytorch_sgd_setup(hidden=8, **scaler_arguments):
     """``(scaler, net, opt, grad_fn)``: a PyTorch-spelled GradScaler("cuda", **scaler_arguments), the regression
-    net, SGD(0.05) over it and :func:`scaled_grad_fn` of the three."""
+    net of width ``hidden``, SGD(0.05) over it and :func:`scaled_grad_fn` of the three."""
     scaler = GradScaler("cuda", **scaler_arguments)
-    net = regression_net()
+    net = regression_net(hidden=hidden)
     opt = nn.SGD(net.trainable_params(), 0.05)
     return scaler, net, opt, scaled_grad_fn(scaler, net, opt)
 

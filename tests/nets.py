@@ -16,10 +16,14 @@ from lossscale import LossScaleOptimizer
 TESTS = os.path.dirname(os.path.abspath(__file__))  # the tests folder: helpers, workers, data
 
 
-def regression_net(in_features=6, out_features=3, seed=0):
+# A hidden width whose first weight (6 x WIDE) is reduced alone (GEMV_PROBE_MIN_SIZE), not in a buffer with the
+# others: a compiled GradScaler step then branches on the stage it reads (IterationGraph._read_decision).
+WIDE = 11_000
+
+
+def regression_net(in_features=6, out_features=3, seed=0, hidden=8):
     """``WithLossCell(Dense -> ReLU -> Dense, MSE)`` with deterministic weights."""
     rng = np.random.RandomState(seed)
-    hidden = 8
     body = nn.SequentialCell(
         [
             nn.Dense(

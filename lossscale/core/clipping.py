@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core._validation import check_finite_in_range
-from lossscale.core.gradients import is_constant, multiply_gradients, square_sum, total
+from lossscale.core.gradients import grouped_total, is_constant, multiply_gradients, square_sum
 
 _ZERO = Tensor(0.0, mstype.float32)
 
@@ -41,7 +41,13 @@ def global_norm(hyper_map, grads):
     with ReduceSum for gradients that are constants (eagerly, in PyNative mode, where MindSpore's CPU MatMul is
     the slower one), decided at trace time by
     :func:`lossscale.core.gradients.is_constant`."""
-    return ops.sqrt(total(hyper_map(ops.partial(_square_sum, not is_constant(grads)), grads)))
+    alone = ops.partial(_square_sum, not is_constant(grads))
+    return ops.sqrt(grouped_total(hyper_map, grads, alone, _buffer_square_sum))
+
+
+def _buffer_square_sum(values):
+    """The sum of squares of a float32 buffer (:func:`lossscale.core.gradients.grouped_total`)."""
+    return ops.reduce_sum(values * values)
 
 
 class GlobalNormClip(nn.Cell):

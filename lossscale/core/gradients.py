@@ -15,9 +15,12 @@ Example:
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 from mindspore.common.sparse_tensor import RowTensorInner
+from mindspore.ops import constexpr
 from mindspore.ops import functional as F
 
 GEMV_PROBE_MIN_SIZE = 1 << 16
+# The most values of smaller gradients probed together in one float32 buffer (4 MiB).
+FLAT_GROUP_SIZE = 1 << 20
 # Multiplier of the fingerprint: finite values times 2**-64 cannot overflow float32 when summed.
 _FINGERPRINT_WEIGHT = 2.0**-64
 
@@ -117,6 +120,11 @@ def _weighted(grad):
     return ops.reduce_sum(exact_float32(_flat(grad)) * _FINGERPRINT)
 
 
+def _weighted_buffer(values):
+    """:func:`_weighted` of a float32 buffer."""
+    return ops.reduce_sum(values * _FINGERPRINT)
+
+
 def _compressed(total):
     """A float64 scalar as float32: itself where ``|total| <= 1``, else ``sign * (1 + log|total|)``.
 
@@ -146,6 +154,26 @@ def _row_tensor_nonfinite_probe(grad):
 @_nonfinite_probe.register("None")
 def _none_nonfinite_probe(grad):
     return Tensor(0.0, mstype.float32)
+
+
+_groupable_size = ops.MultitypeFuncGraph("_groupable_size")
+
+
+@_groupable_size.register("Tensor")
+def _tensor_groupable_size(grad):
+    """The size of a non-empty float16, bfloat16 or float32 gradient below GEMV_PROBE_MIN_SIZE values (exact in a
+    float32 buffer); else 0."""
+    dtype = ops.dtype(grad)
+    floating = dtype == mstype.float32 or dtype == mstype.float16 or dtype == mstype.bfloat16
+    if not floating or is_empty(grad) or grad.size >= GEMV_PROBE_MIN_SIZE:
+        return 0
+    return grad.size
+
+
+@_groupable_size.register("RowTensor")
+@_groupable_size.register("None")
+def _not_groupable(grad):
+    return 0
 
 
 _constant_probe = ops.MultitypeFuncGraph("_constant_probe")
@@ -244,13 +272,55 @@ def total(scalars):
 def nonfinite_indicator(hyper_map, grads):
     """A float32 scalar that is 0 when every gradient is finite and nan otherwise (graph mode).
 
-    Large gradients are reduced to one GEMV row each; each row or small gradient then gives
-    ``reduce_sum(v * 0)``, and those scalars are added. Constant gradients go through
+    Large gradients are reduced to one GEMV row each, the others a float32 buffer at a time (:func:`grouped_total`);
+    each row or buffer gives ``reduce_sum(v * 0)``, and those scalars are added. Constant gradients go through
     ``isfinite`` instead (:func:`is_constant`).
     """
     if is_constant(grads):
         return total(hyper_map(_constant_probe, grads))
-    return total(hyper_map(_nonfinite_probe, grads))
+    return grouped_total(hyper_map, grads, _nonfinite_probe, zero_or_nan)
+
+
+def grouped_total(hyper_map, grads, alone, together):
+    """The sum of ``alone(g)`` over the gradients reduced alone and of ``together(buffer)`` over the others, which
+    are flattened to float32 and concatenated into buffers of at most :data:`FLAT_GROUP_SIZE` values
+    (:func:`probe_plan`): two kernels per buffer rather than per gradient, for models of many small tensors.
+    ``together`` must be what ``alone`` computes, summed over a buffer."""
+    alone_indices, groups = probe_plan(hyper_map(_groupable_size, grads))
+    terms = ()
+    for index in alone_indices:
+        terms = terms + (alone(grads[index]),)
+    for group in groups:
+        flats = ()
+        for index in group:
+            flats = flats + (ops.cast(grads[index], mstype.float32).reshape(-1),)
+        terms = terms + (together(ops.concat(flats) if len(flats) > 1 else flats[0]),)
+    return total(terms)
+
+
+def all_grouped(hyper_map, grads):
+    """Whether :func:`grouped_total` reduces every gradient of ``grads`` in buffers (a trace-time bool)."""
+    return not probe_plan(hyper_map(_groupable_size, grads))[0]
+
+
+@constexpr
+def probe_plan(sizes):
+    """``(indices probed alone, groups of indices probed together)`` for gradients of ``sizes`` (0: not groupable):
+    consecutive groupable gradients fill groups of at most FLAT_GROUP_SIZE values.
+
+    Example:
+        >>> probe_plan((10, 0, 5, FLAT_GROUP_SIZE - 15, 1))
+        ((1,), ((0, 2, 3), (4,)))
+    """
+    alone, groups, group, filled = (), (), (), 0
+    for index, size in enumerate(sizes):
+        if not size:
+            alone = alone + (index,)
+            continue
+        if group and filled + size > FLAT_GROUP_SIZE:
+            groups, group, filled = groups + (group,), (), 0
+        group, filled = group + (index,), filled + size
+    return alone, groups + ((group,) if group else ())
 
 
 def is_constant(grads):
@@ -274,7 +344,7 @@ def fingerprint(hyper_map, grads):
     already seen. For constant gradients (:func:`is_constant`) it is nan when any value is
     not finite, whatever the folded sum says.
     """
-    weighted = total(hyper_map(_fingerprint, grads))
+    weighted = grouped_total(hyper_map, grads, _fingerprint, _weighted_buffer)
     if is_constant(grads):
         return weighted + nonfinite_indicator(hyper_map, grads)
     return weighted

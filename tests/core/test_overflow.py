@@ -16,8 +16,9 @@ from lossscale import (
     choose_overflow_check,
     get_preset,
 )
+from lossscale.core.clipping import global_norm
 from lossscale.core.compat import ascend_saturation_only
-from lossscale.core.gradients import fingerprint, nonfinite_indicator
+from lossscale.core.gradients import fingerprint, nonfinite_indicator, probe_plan
 from lossscale.core.overflow import (
     AllFiniteCheck,
     AscendSaturationCheck,
@@ -166,6 +167,41 @@ def test_fingerprint_tells_scaled_from_unscaled_and_is_finite_exactly_when_the_v
         broken = values.copy()
         broken.reshape(-1)[values.size // 2] = bad
         assert not np.isfinite(fingerprint_of(other, broken)), bad
+
+
+# Gradients reduced together in float32 buffers (below GEMV_PROBE_MIN_SIZE, at most FLAT_GROUP_SIZE values per
+# buffer) and alone (large, float64, empty): each helper gives what it gives per gradient.
+GROUPED_CASES = {
+    "mixed": [
+        ((7,), np.float32),
+        ((300, 300), np.float32),
+        ((3, 5), np.float16),
+        ((0,), np.float32),
+        ((4,), np.float64),
+        ((2, 2), np.float32),
+    ],
+    "three_buffers": [((60000,), np.float32)] * 36,
+}
+
+
+@pytest.mark.parametrize("case", tiered(list(GROUPED_CASES), {"mixed"}))
+def test_gradients_in_buffers_give_the_helpers_values(case):
+    rng = np.random.RandomState(0)
+    arrays = [(rng.randn(*shape) * 3).astype(dtype) for shape, dtype in GROUPED_CASES[case]]
+    alone, groups = probe_plan(tuple(a.size if a.dtype != np.float64 and 0 < a.size < 65536 else 0 for a in arrays))
+    assert len(groups) == (1 if case == "mixed" else 3) and sorted(alone + sum(groups, ())) == list(range(len(arrays)))
+    norm = _OverGradients(global_norm)
+    expected = np.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in arrays))
+    assert float(norm(mutable(tuple(Tensor(a) for a in arrays))).asnumpy()) == pytest.approx(expected, rel=1e-5)
+    indicator, weighted = _OverGradients(nonfinite_indicator), _OverGradients(fingerprint)
+    assert float(indicator(mutable(tuple(Tensor(a) for a in arrays))).asnumpy()) == 0.0
+    assert np.isfinite(float(weighted(mutable(tuple(Tensor(a) for a in arrays))).asnumpy()))
+    filled = [index for index, array in enumerate(arrays) if array.size]
+    for index in sorted({filled[0], filled[len(filled) // 2], filled[-1]}):
+        broken = [a.copy() for a in arrays]
+        broken[index].reshape(-1)[-1] = np.nan
+        grads = mutable(tuple(Tensor(a) for a in broken))
+        assert np.isnan(float(indicator(grads).asnumpy())) and np.isnan(float(weighted(grads).asnumpy())), index
 
 
 _CORE = LossScaler(get_preset("pytorch", init_scale=8.0), name="constant_gradients")
