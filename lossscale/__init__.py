@@ -21,6 +21,7 @@ _EXPORTS = {
     "AdaptiveLossScaleManager": "lossscale.training.managers",
     "AdaptiveLossScaleUpdateCell": "lossscale.core.adaptive",
     "AdaptiveWindowRule": "lossscale.core.adaptive",
+    "AutomaticLossScaleRule": "lossscale.core.automatic",
     "DynamicLossScaleManager": "lossscale.training.managers",
     "DynamicLossScaleUpdateCell": "lossscale.core.policy",
     "FixedRule": "lossscale.core.rule",

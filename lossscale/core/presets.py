@@ -17,6 +17,7 @@ Example:
 from dataclasses import fields, replace
 
 from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, AdaptiveWindowRule
+from lossscale.core.automatic import AutomaticLossScaleRule
 from lossscale.core.policy import LossScalePolicy
 
 _PRESETS = {
@@ -89,6 +90,16 @@ _ADAPTIVE_PRESETS = {
     ),
 }
 
+# Automatic loss scaling (AutomaticLossScaleRule): Graphcore PopART's defaults (binEdgeLocation 1/16,
+# thresholdUpperCountProportion 1e-7, updatePeriod 1, factor 2).
+_AUTOMATIC_PRESETS = {"graphcore": dict(bin_edge=0.0625, threshold=1e-7, update_period=1, factor=2.0)}
+# preset name -> (rule class, its arguments, the field that `window` sets)
+_KINDS = {
+    **{name: (LossScalePolicy, values, "growth_interval") for name, values in _PRESETS.items()},
+    **{name: (AdaptiveWindowRule, values, "scale_window") for name, values in _ADAPTIVE_PRESETS.items()},
+    **{name: (AutomaticLossScaleRule, values, "update_period") for name, values in _AUTOMATIC_PRESETS.items()},
+}
+
 #: What each preset does differently from its original, on purpose.
 _NO_SUBNORMALS = (
     " With no floor, a scale that would fall below 2**-126 (the smallest normal float32) is 0, where the "
@@ -110,21 +121,26 @@ DIFFERENCES = {
     "jmp": "none (jmp keeps the old scale when the grown one is not finite). jmp has no default initial "
     "scale; 2**15 is the value of its documentation.",
     "megatron": "Megatron-LM multiplies without a finiteness check; the preset never grows to inf.",
+    "graphcore": "PopART counts the gradients of matmul and convolution outputs and never skips a step; the preset "
+    "counts the parameters' gradients (what a MindSpore train step sees), skips a step with inf/nan and divides the "
+    "scale at once, and keeps the scale within [1, 2**24] (PopART has no bounds). Its initial scale is 2**16.",
     "mindformers": "MindFormers multiplies without a finiteness check (and then backs off inf to inf); the preset "
     "never grows to inf. Its cell has no default initial scale: 2**32 is its documentation's.",
 }
 
-PRESET_NAMES = tuple(_PRESETS) + tuple(_ADAPTIVE_PRESETS)
+PRESET_NAMES = tuple(_KINDS)
 ADAPTIVE_PRESET_NAMES = tuple(_ADAPTIVE_PRESETS)
 
 
 def get_preset(name, window=None, **overrides):
-    """The :class:`LossScalePolicy` of preset ``name`` with optional field overrides (an
-    :class:`lossscale.core.adaptive.AdaptiveWindowRule` for the names in :data:`ADAPTIVE_PRESET_NAMES`).
+    """The rule of preset ``name`` with optional field overrides: a :class:`LossScalePolicy`, an
+    :class:`lossscale.core.adaptive.AdaptiveWindowRule` for the names in :data:`ADAPTIVE_PRESET_NAMES`, an
+    :class:`lossscale.core.automatic.AutomaticLossScaleRule` for ``"graphcore"``.
 
     Args:
         name: one of :data:`PRESET_NAMES`.
-        window: the growth window (``growth_interval``; the adaptive window's starting ``scale_window``), or None.
+        window: the growth window (``growth_interval``; the adaptive window's starting ``scale_window``; automatic
+            loss scaling's ``update_period``), or None.
         **overrides: the rule's fields to change (e.g. ``init_scale``).
 
     Raises:
@@ -138,16 +154,13 @@ def get_preset(name, window=None, **overrides):
         raise TypeError(f"'preset' must be a str, one of {PRESET_NAMES}, but got {type(name).__name__} {name!r}.")
     if name not in PRESET_NAMES:
         raise ValueError(f"'preset' must be one of {PRESET_NAMES}, but got {name!r}.")
-    if name in _PRESETS:
-        kind, values = LossScalePolicy, _PRESETS[name]
-    else:
-        kind, values = AdaptiveWindowRule, _ADAPTIVE_PRESETS[name]
+    kind, values, window_field = _KINDS[name]
     allowed = sorted(field.name for field in fields(kind) if field.init)
     unknown = set(overrides) - set(allowed)
     if unknown:
         raise TypeError(f"unknown {kind.__name__} field(s) {sorted(unknown)}; allowed: {allowed}.")
     if window is not None:
-        overrides["growth_interval" if kind is LossScalePolicy else "scale_window"] = window
+        overrides[window_field] = window
     policy = kind(**values)
     if "growth_factor" in overrides and "backoff_factor" not in overrides and "backoff_factor" not in values:
         overrides["backoff_factor"] = None  # keep backoff = 1/growth for rules defined that way

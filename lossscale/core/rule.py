@@ -15,6 +15,7 @@ Example:
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Mapping
 from typing import Iterable, Optional
 
@@ -164,7 +165,14 @@ class LossScaleRule:
         0."""
         return self.as_state(dict(scale=float(np.float32(self.init_scale)), **{field.name: 0 for field in self.fields}))
 
-    statistics = ()  # the names of the gradient statistics the update reads (computed with the overflow check)
+    statistics = ()  # the names of the gradient statistics the update reads (:meth:`measure` computes them)
+
+    def measure(self, hyper_map, grads, scale, *settings):
+        """Graph: the statistics :attr:`statistics` names, of the gradients ``grads`` at the ``scale`` that would
+        multiply them back to the scaled ones, with the settings; each a float32 scalar that adds up over gradients
+        and ranks (a count, a sum), since the core sums them over the ranks. Computed beside the overflow check, on
+        its buffers where it can (:func:`lossscale.core.gradients.grouped_total`). Default: none."""
+        return ()
 
     def update(self, overflow, statistics, scale, *state):
         """``(scale, *counters)`` after one step that did (``overflow``) or did not overflow, from the ``scale``, the
@@ -382,9 +390,9 @@ def _python(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def run(rule, overflows: Iterable[bool], state=None):
+def run(rule, overflows: Iterable[bool], state=None, statistics=None):
     """:func:`advance` for each overflow flag, from ``state`` (default the initial one); the state after
-    every step.
+    every step. ``statistics``: each step's gradient statistics, for a rule that reads some.
 
     Example:
         >>> [state["scale"] for state in run(FixedRule(4.0), [True, True])]
@@ -392,7 +400,7 @@ def run(rule, overflows: Iterable[bool], state=None):
     """
     state = rule.initial_state() if state is None else state
     trajectory = []
-    for overflow in overflows:
-        state = advance(rule, state, overflow)
+    for overflow, measured in zip(overflows, itertools.repeat(()) if statistics is None else statistics):
+        state = advance(rule, state, overflow, measured)
         trajectory.append(state)
     return trajectory

@@ -8,7 +8,8 @@ inside ``construct`` and inside ``mindspore.jit``::
     grads = core.unscale(grads)           # g * (1/S) in float32 (float64 for float64 g), in g's dtype
     flag = core.flag(status, grads)       # float32, 0 when this rank's gradients are finite
     overflow = core.is_overflow(flag)     # all-reduced first in any parallel mode: ranks agree
-    core.adjust(overflow=overflow)        # the rule: back off / grow (no-op for a fixed scale)
+    measured = core.statistics(grads)     # what the rule reads of the gradients, if anything (all-reduced)
+    core.adjust(overflow=overflow, statistics=measured)   # the rule: back off / grow (no-op for a fixed scale)
 
 Host methods: ``get_scale``, ``set_scale``, ``state_dict``, ``load_state_dict``, ``set_rule``.
 """
@@ -293,6 +294,21 @@ class LossScaler(nn.Cell):
     def loss_flag(self, loss):
         """0 when every value of ``loss`` (a Tensor or nested tuple/list) is finite, nan otherwise."""
         return _sum_tree(self.hyper_map(_loss_term, loss))
+
+    def statistics(self, grads, scale=None):
+        """The gradient statistics the rule reads (:meth:`lossscale.core.rule.LossScaleRule.measure`) of ``grads``:
+        unscaled gradients at the current scale (default), or ``scale`` (1 for gradients still scaled); summed over
+        the ranks in any parallel mode (one all-reduce), so every rank decides alike. ``()`` for a rule that reads
+        none, a fixed number and another update Cell: nothing is computed."""
+        rule = self.rule
+        if rule is None or not rule.statistics:
+            return ()
+        scale = self.scale_value if scale is None else scale
+        scale = ops.cast(scale, mstype.float32).reshape(())
+        values = rule.measure(self.hyper_map, grads, scale, *self.update_cell.settings)
+        if self._is_distributed:
+            values = tuple(ops.unstack(self.allreduce(ops.stack(values))))
+        return values
 
     def is_overflow(self, flag):
         """``flag != 0`` after summing it over the ranks in any parallel mode (one 4-byte all-reduce); compiled in a

@@ -35,6 +35,7 @@ from lossscale.frontends.iteration import (
     refuse_optimizer_loss_scale,
     refuse_optimizer_without_parameters,
 )
+from lossscale.frontends.iteration_statistics import IterationStatistics
 from lossscale.frontends.iteration_table import (
     apply_or_restore,
     host_table,
@@ -132,7 +133,8 @@ class GradScaler:
             if not dynamic:
                 self._core.set_rule(dynamic=False)
             self._states = OptimizerStates(prefix)
-            self._iteration = IterationGraph(self._core, self._states)
+            statistics = IterationStatistics(prefix, len(self._rule.statistics))
+            self._iteration = IterationGraph(self._core, self._states, statistics)
 
     @classmethod
     def from_preset(cls, name, enable=True, **overrides):
@@ -253,7 +255,7 @@ class GradScaler:
                 value = checked_new_scale(new_scale, low, high)
             scale = self._core.scale_value
             ops.assign(scale, ops.cast(value, mstype.float32).reshape(scale.shape))
-            self._states.reset()
+            self._iteration.restart()
         return self
 
     def minimize(self, optimizer, grads, key=None):

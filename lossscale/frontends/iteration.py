@@ -16,7 +16,7 @@ from lossscale.core import gradients
 from lossscale.core._validation import check_finite_in_range
 from lossscale.core.clipping import global_norm
 from lossscale.core.scaler import apply_rule, positive_scale
-from lossscale.frontends.iteration_table import STAGE
+from lossscale.frontends.iteration_table import READY, STAGE
 
 
 @constexpr
@@ -89,6 +89,12 @@ def new_scale_in_graph(value, low, high):
     return value
 
 
+# From this many gradients (all in buffers) a compiled step() computes both stages rather than branching: a branch
+# costs with the gradients it carries, both stages with the buffers' size (measured, GradScaler against its
+# branching self: 32 tensors of 64 x 64, 0.88; LeNet-5's 10 tensors of about as many values, 1.03).
+BRANCH_FREE_MIN_GRADIENTS = 16
+
+
 @ms.jit_class
 class IterationGraph:
     """The graph part of the GradScaler's calls: unscale and record, decide a step, update from the checks.
@@ -99,14 +105,17 @@ class IterationGraph:
     cycle that no garbage collection breaks (measured: the scaler and its name were never freed).
 
     Args:
-        core (LossScaler), states (OptimizerStates): the scaler's.
+        core (LossScaler), states (OptimizerStates), statistics (IterationStatistics): the scaler's.
     """
 
-    def __init__(self, core, states):
+    def __init__(self, core, states, statistics):
         self._core = core
         self._states = states
+        self._statistics = statistics
         self._hyper_map = ops.HyperMap()
         self._one = Tensor(1.0, mstype.float32)
+        self._ready = Tensor(float(READY), mstype.float32)
+        self._no_refusal = Tensor(0, mstype.int32)
 
     def unscale_and_record(self, grads, slot, structure):
         """``(grads / S, the slot's stage before)``; records the unscale only if that stage was READY (else
@@ -117,7 +126,14 @@ class IterationGraph:
         recorded = self._states.record_unscale(
             slot, column, self.decide(unscaled), seen, structure, global_norm(self._hyper_map, unscaled)
         )
+        if self._statistics.count:
+            recorded = ops.depend(recorded, self._measured(unscaled, column[STAGE] == self._ready))
         return ops.depend(unscaled, recorded), ops.depend(column[STAGE], recorded)
+
+    def _measured(self, unscaled, counts):
+        """Add the rule's statistics of gradients this call ``unscaled`` to the iteration's, where ``counts`` (for a
+        rule that reads statistics: callers test ``self._statistics.count`` first, so others pay no kernel)."""
+        return self._statistics.add(self._core.statistics(unscaled), counts)
 
     def decide(self, unscaled):
         """float32 0/1: these unscaled gradients overflowed on some rank (the core all-reduces the flag in
@@ -131,7 +147,7 @@ class IterationGraph:
         every gradient is summed in buffers (:meth:`_either_decision`)."""
         column = self._states.column(slot)
         if after_unscale is None:
-            if gradients.all_grouped(self._hyper_map, grads):
+            if len(grads) >= BRANCH_FREE_MIN_GRADIENTS and gradients.all_grouped(self._hyper_map, grads):
                 return self._either_decision(grads, slot, structure, column)
             after_unscale = self._states.unscaled(column)
         if after_unscale:
@@ -146,6 +162,8 @@ class IterationGraph:
             to_apply = self._core.unscale(grads)
             found = self.decide(to_apply)
             code = self._states.ready_code(slot, column, structure)
+            if self._statistics.count:
+                code = ops.depend(code, self._measured(to_apply, code == self._no_refusal))
         skipped = self._states.record_step(slot, found, code)
         return to_apply, skipped, code
 
@@ -171,6 +189,9 @@ class IterationGraph:
             self._states.scaled_gradients_code(column, seen, norm, self._core.scale_value),
             self._states.ready_code(slot, column, structure),
         )
+        if self._statistics.count:
+            counts = ops.logical_and(ops.logical_not(first), code == self._no_refusal)
+            code = ops.depend(code, self._measured(to_apply, counts))
         return to_apply, self._states.record_step(slot, found, code), code
 
     def update_from_checks(self):
@@ -179,5 +200,9 @@ class IterationGraph:
         Not merged with the refusal under an ``if``: MindSpore 2.10 dropped the writes of such a branch from a
         compiled ``update()`` (measured)."""
         overflow = self._core.is_overflow(self._states.any_found())
-        apply_rule(self._core, overflow)
+        apply_rule(self._core, overflow, self._statistics.taken())
         return self._states.reset()
+
+    def restart(self):
+        """Start the next iteration without the rule (update(new_scale)): every slot READY, no statistics."""
+        return ops.depend(self._states.reset(), self._statistics.taken())

@@ -326,7 +326,7 @@ class _ApplyGradients(nn.Cell):
             overflow = ops.depend(overflow, self.inner(grads))
         else:  # tf.keras: the optimizer's step counter advances on a skipped step too
             overflow = ops.depend(overflow, ops.assign_add(self.inner.global_step, self._one))
-        overflow = apply_rule(self.core, overflow)
+        overflow = apply_rule(self.core, overflow, self.core.statistics(grads))
         self.flags.reset()
         return overflow
 

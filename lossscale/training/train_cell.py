@@ -395,11 +395,13 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         Returns ``(overflow, global norm, learning rate)``; the last two are 0 unless clipping computes the
         norm or ``extra_outputs`` asks for them."""
         norm = None
+        statistics = self.loss_scaler.statistics(grads, self._one if self._optimizer_unscales else None)
         if self.clipper is not None:
             grads, norm_flag, norm = self.clipper(grads, _as_applied(self, grads))
             flag = flag + norm_flag
         norm, learning_rate = _reported(self, grads, norm)
-        overflow = self.process_loss_scale(self.loss_scaler.is_overflow(flag))
+        overflow = self.loss_scaler.is_overflow(flag)
+        overflow = self.process_loss_scale(overflow, statistics) if statistics else self.process_loss_scale(overflow)
         overflow = ops.depend(overflow, self.counters.count(overflow, self._drop_overflow_update))
         if self._drop_overflow_update:
             if not overflow:
@@ -421,9 +423,10 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepCell):
         """A bool scalar: True if any tensor of ``compute_output`` is inf/nan (on any rank)."""
         return self.loss_scaler.is_overflow(self.loss_scaler.flag(status, compute_output))
 
-    def process_loss_scale(self, overflow):
-        """Call the update cell (if any) with the scale Parameter; return the overflow flag."""
-        return apply_rule(self.loss_scaler, overflow)
+    def process_loss_scale(self, overflow, statistics=()):
+        """Call the update cell (if any) with the scale Parameter (and the gradient statistics its rule reads);
+        return the overflow flag."""
+        return apply_rule(self.loss_scaler, overflow, statistics)
 
 
 TrainOneStepWithLossScaleCell.OWN_CONSTRUCT = TrainOneStepWithLossScaleCell.construct
