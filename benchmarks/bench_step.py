@@ -16,6 +16,8 @@ Variants:
   gradscaler_paddle (4p) the same with Paddle's spelling (lossscale.paddle.GradScaler)
   keras       (5)  lossscale.keras.LossScaleOptimizer in a mindspore.jit step: get_scaled_loss, value_and_grad,
                    get_unscaled_gradients, apply_gradients
+  automatic   (6)  as (2) with automatic loss scaling (get_preset("graphcore")): the rule that also counts the
+                   gradients in the upper bin, against the dynamic rule's (2)
   with --release (needs this repository's git history):
   release     (2r) as (2), with lossscale 0.1.0 (benchmarks/release.py): what the redesign costs
   gradscaler_release (4r) as (4), with lossscale 0.1.0's GradScaler
@@ -38,6 +40,7 @@ BASELINES = [
     ("plain_wait", "plain_if"),
     *((variant, "cheapest") for variant in SCALING),
     *((variant, "ms_jit") for variant in FRONT_ENDS),
+    ("automatic", "lossscale"),
 ]
 
 
@@ -131,6 +134,14 @@ def build_lossscale(model, level):
         level=level,
         loss_scale_manager=DynamicLossScaleManager(init_loss_scale=2**16),
     )
+
+
+def build_automatic(model, level):
+    from lossscale import DynamicLossScaleManager, build_train_network, get_preset
+
+    network = make_network(model)
+    manager = DynamicLossScaleManager.from_policy(get_preset("graphcore", init_scale=2.0**16))
+    return build_train_network(network, _optimizer(network), _loss_fn(), level=level, loss_scale_manager=manager)
 
 
 def _scaled_grad_fn(scale_loss, plain):
@@ -244,6 +255,7 @@ BUILDERS = {
     "gradscaler": build_gradscaler,
     "gradscaler_paddle": build_gradscaler_paddle,
     "keras": build_keras,
+    "automatic": build_automatic,
 }
 # Against lossscale 0.1.0 (--release): needs this repository's git history (benchmarks/release.py).
 RELEASE_BUILDERS = {"release": build_release, "gradscaler_release": build_gradscaler_release}

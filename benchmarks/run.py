@@ -78,13 +78,14 @@ def step_table(results):
 def floor_table(results):
     """Every loss-scaling variant's paired step ratio to the cheapest exact step and to MindSpore's amp path."""
     header = f"{'config':<14}{'cheapest ms':>13}" + "".join(f"{v + '/floor':>25}" for v in SCALING)
-    header += "".join(f"{v + '/ms_jit':>26}" for v in FRONT_ENDS)
+    header += "".join(f"{v + '/ms_jit':>26}" for v in FRONT_ENDS) + f"{'automatic/lossscale':>22}"
     lines = [header, "-" * len(header)]
     for r in results:
         q = r["ratios"]
         row = f"{r['model'] + ' ' + r['level']:<14}{r['summary']['cheapest']['median_ms']:>13.2f}"
         row += "".join(f"{q[f'{v}/cheapest']:>25.3f}" for v in SCALING)
-        lines.append(row + "".join(f"{q[f'{v}/ms_jit']:>26.3f}" for v in FRONT_ENDS))
+        row += "".join(f"{q[f'{v}/ms_jit']:>26.3f}" for v in FRONT_ENDS)
+        lines.append(row + f"{q['automatic/lossscale']:>22.3f}")
     lines.append("floor: the cheapest exact step (value_and_grad of loss * S, the exact check, unscale, `if`)")
     return "\n".join(lines)
 
@@ -164,6 +165,8 @@ def verdicts(steps, checks):
             )
         )
         rows.append((f"{name}: first call <= 1.3x plain", r["first_call_ratio"], r["first_call_ratio"] <= 1.3))
+        automatic = r["ratios"]["automatic/lossscale"]
+        rows.append((f"{name}: automatic loss scaling / the dynamic rule <= 1.03", automatic, automatic <= 1.03))
     for c in checks:
         if c["model"] == "mlp":
             rows.append((f"check vs all_finite, mlp {c['dtype']} >= 3x", c["speedup"], c["speedup"] >= 3.0))

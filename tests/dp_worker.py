@@ -14,8 +14,11 @@ reduces them itself. Run ``accumulate`` is ``inject`` with windows of 2 micro-ba
 saves its running statistics instead of the weights (both ranks write theirs back on the skipped step). Run
 ``persistent`` has inf on rank 1 only at every step from INJECT_STEP on, with ``overflow_policy="raise"`` and
 ``max_consecutive_overflows=2``: both ranks must stop at the same step (one rank stopping alone would leave the
-other waiting in its next all-reduce). It writes ``rank<R>.json`` (per-step overflow flags and scales, counters)
-and ``rank<R>_<run>.npy`` (the trainable weights, or statistics, after every step, stacked).
+other waiting in its next all-reduce). Run ``automatic`` trains ``sum(w * x)`` with automatic loss scaling and a
+compiled ``GradScaler``, no gradient reducer: rank 0's gradient reaches the upper bin from a scale of 4096 on,
+rank 1's never, so only the all-reduced counts keep the ranks' scales together. It writes ``rank<R>.json``
+(per-step overflow flags and scales, counters) and ``rank<R>_<run>.npy`` (the trainable weights, or statistics,
+after every step, stacked).
 """
 
 import json
@@ -24,7 +27,7 @@ import sys
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
@@ -37,6 +40,7 @@ from lossscale import (  # noqa: E402
     PersistentOverflowError,
     TrainOneStepWithLossScaleCell,
 )
+from lossscale.core.automatic import AutomaticLossScaleRule  # noqa: E402
 from lossscale.demo.msrun import init_data_parallel  # noqa: E402
 
 STEPS, INJECT_STEP, GLOBAL_BATCH = 8, 3, 8
@@ -51,7 +55,10 @@ RUNS = (
     "accumulate",
     "batchnorm",
     "persistent",
+    "automatic",
 )
+# The gradient of ``sum(w * x)`` on each rank in run ``automatic``: x itself.
+AUTOMATIC_X = (np.array([1.0, 1e-3, 1e-3, 1e-3], np.float32), np.full(4, 1e-3, np.float32))
 
 
 def manager():
@@ -169,6 +176,39 @@ def train_minimize_with_nonfinite_loss(rank):
     return _nonfinite_loss_run(rank, net, step, lambda: float(optimizer.loss_scale.asnumpy()))
 
 
+class _Linear(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones(4, np.float32)), name="w")
+
+    def construct(self, x):
+        return (self.w * x).sum()
+
+
+def train_automatic(rank):
+    net = _Linear()
+    optimizer = nn.SGD(net.trainable_params(), 0.0)
+    scaler = GradScaler("cpu", policy=AutomaticLossScaleRule(init_scale=1024.0))
+
+    def forward(x):
+        return scaler.scale(net(x))
+
+    grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
+
+    @ms.jit
+    def step(x):
+        _, grads = grad_fn(x)
+        skipped = scaler.step(optimizer, grads)
+        scaler.update()
+        return skipped
+
+    scales = []
+    for _ in range(STEPS):
+        step(Tensor(AUTOMATIC_X[rank]))
+        scales.append(scaler.get_scale())
+    return {"scales": scales}, np.array(scales)
+
+
 def main(out):
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     rank, size = init_data_parallel()  # the library's, as the command line's data-parallel training uses it
@@ -184,6 +224,8 @@ def main(out):
             report[run], weights = train(rank, size, [INJECT_STEP], accumulation_steps=2)
         elif run == "batchnorm":
             report[run], weights = train(rank, size, [INJECT_STEP], batch_norm=True)
+        elif run == "automatic":
+            report[run], weights = train_automatic(rank)
         elif run == "persistent":
             report[run], weights = train(
                 rank, size, range(INJECT_STEP, STEPS), overflow_policy="raise", max_consecutive_overflows=2

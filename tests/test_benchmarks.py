@@ -38,7 +38,7 @@ def test_benchmark_smoke_run(tmp_path):
     assert {(r["model"], r["level"]) for r in result["steps"]} == {("dense16", "O0"), ("dense16", "O3")}
     scaling = {"lossscale", "gradscaler", "gradscaler_paddle", "keras", "ms_jit"}
     for r in result["steps"]:
-        assert set(r["summary"]) == {"plain", "plain_if", "plain_wait", "cheapest"} | scaling
+        assert set(r["summary"]) == {"plain", "plain_if", "plain_wait", "cheapest", "automatic"} | scaling
         assert all(s["steps"] == 4 and s["median_ms"] > 0 for s in r["summary"].values())
         assert set(r["ratios"]) >= {
             "lossscale/plain",
@@ -46,6 +46,7 @@ def test_benchmark_smoke_run(tmp_path):
             "lossscale/plain_wait",
             "lossscale/ms_jit",
             "gradscaler/ms_jit",
+            "automatic/lossscale",
             *(f"{variant}/cheapest" for variant in scaling),
         }
     # both checks agree: finite gradients pass, a nan fails
@@ -53,7 +54,7 @@ def test_benchmark_smoke_run(tmp_path):
         c["finite_then_nan"] == {"lossscale": [True, False], "all_finite": [True, False]} for c in result["checks"]
     )
     assert set(result["eager"]["summary"]) == {"plain", "ms_eager", "gradscaler", "gradscaler_unscale", "keras"}
-    tables = ("ls/plain", "keras/floor", "speedup", "eager (PyNative)")
+    tables = ("ls/plain", "keras/floor", "automatic/lossscale", "speedup", "eager (PyNative)")
     assert all(table in done.stdout for table in tables)
 
 

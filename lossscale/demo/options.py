@@ -103,14 +103,16 @@ _probe_scale = _number(float, "a number in (0, 3.4e38] (float32's range)", lambd
 
 
 def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
-    """Turn ``none`` / ``fixed:S`` / ``dynamic`` / ``adaptive[:MIN:MAX]`` / ``preset:NAME`` into
-    ``(label, manager_factory)``.
+    """Turn ``none`` / ``fixed:S`` / ``dynamic`` / ``adaptive[:MIN:MAX]`` / ``automatic[:PERIOD]`` / ``preset:NAME``
+    into ``(label, manager_factory)``.
 
     ``none`` still uses the lossscale cell (scale 1, every step applied) so that overflows are
     reported; ``dynamic`` is MindSpore's ``DynamicLossScaleManager`` defaults with
     ``scale_window`` clean steps per growth; ``adaptive`` is MindFormers' adaptive window
     (:class:`lossscale.AdaptiveLossScaleManager`) starting at ``scale_window``, its levels between MIN and MAX
-    (default 20 and 1000); ``preset:NAME`` is a rule of
+    (default 20 and 1000); ``automatic`` is Graphcore's automatic loss scaling
+    (:class:`lossscale.core.automatic.AutomaticLossScaleRule`), updating every PERIOD steps (default 1, PopART's);
+    ``preset:NAME`` is a rule of
     :mod:`lossscale.core.presets` (e.g. ``preset:pytorch``), also with ``scale_window`` (the starting window of
     ``preset:mindformers``, MindFormers' adaptive window).
 
@@ -136,14 +138,25 @@ def parse_loss_scale(spec, scale_window=DEFAULTS["scale_window"]):
         return f"fixed:{value:g}", _manager("fixed", value)
     if spec == "adaptive" or spec.startswith("adaptive:"):
         return spec, _manager("adaptive", (scale_window, *_window_bounds(spec)))
+    if spec == "automatic" or spec.startswith("automatic:"):
+        return spec, _manager("automatic", _update_period(spec))
     if spec.startswith("preset:"):
         name = spec[len("preset:") :]
         if name not in PRESET_NAMES:
             raise CliError(f"unknown preset {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
         return spec, _manager("preset", (name, scale_window))
     raise CliError(
-        f"--loss-scale must be 'none', 'fixed:S', 'dynamic', 'adaptive[:MIN:MAX]' or 'preset:NAME', but got {spec!r}"
+        f"--loss-scale must be 'none', 'fixed:S', 'dynamic', 'adaptive[:MIN:MAX]', 'automatic[:PERIOD]' or "
+        f"'preset:NAME', but got {spec!r}"
     )
+
+
+def _update_period(spec):
+    """The update period of ``automatic`` (1) or ``automatic:PERIOD``."""
+    period = spec.split(":", 1)[1] if ":" in spec else "1"
+    if not (period.isdigit() and 0 < int(period) <= 2**31 - 1):
+        raise CliError(f"--loss-scale automatic:PERIOD needs a whole number of steps >= 1, but got {spec!r}")
+    return int(period)
 
 
 def _window_bounds(spec):
@@ -175,6 +188,8 @@ def _manager(kind, value, drop=True):
         if kind == "adaptive":
             window, low, high = value
             return AdaptiveLossScaleManager(scale_window=window, min_scale_window=low, max_scale_window=high)
+        if kind == "automatic":
+            return DynamicLossScaleManager.from_policy(get_preset("graphcore", update_period=value))
         name, window = value
         return DynamicLossScaleManager.from_policy(get_preset(name, window=window))
 
@@ -325,7 +340,8 @@ def _add_train_command(commands):
         "--loss-scale",
         default=DEFAULTS["loss_scale"],
         help="none, fixed:S, dynamic, adaptive[:MIN:MAX] (MindFormers' adaptive window, its levels from MIN to MAX "
-        "steps, default 20:1000) or preset:NAME (pytorch, paddle, keras, jmp, megatron, ...)",
+        "steps, default 20:1000), automatic[:PERIOD] (Graphcore's automatic loss scaling from the gradients' range, "
+        "updated every PERIOD steps, default 1) or preset:NAME (pytorch, paddle, keras, jmp, megatron, graphcore, ...)",
     )
     train.add_argument(
         "--scale-window",

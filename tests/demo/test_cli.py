@@ -297,7 +297,7 @@ GPU = "GPU is available" if ms.hal.is_available("GPU") else None
         (["train", "--loss-scale", "fixed:0.5"], "but got '0.5'"),
         (["train", "--loss-scale", "fixed:1e39"], "but got '1e39'"),
         (["train", "--loss-scale", "fixed:nan"], "but got 'nan'"),
-        (["train", "--loss-scale", "auto"], "'none', 'fixed:S', 'dynamic', 'adaptive[:MIN:MAX]' or 'preset:NAME'"),
+        (["train", "--loss-scale", "auto"], "'adaptive[:MIN:MAX]', 'automatic[:PERIOD]' or 'preset:NAME'"),
         (["train", "--loss-scale", "preset:tensorflow"], "unknown preset 'tensorflow'"),
         (["train", "--epochs", "0"], "--epochs: must be an integer in [1, 2147483647], got '0'"),
         (["train", "--epochs", "1.5"], "--epochs: must be an integer in [1, 2147483647], got '1.5'"),
@@ -484,6 +484,21 @@ def test_train_with_a_preset(tmp_path):
 
 
 @pytest.mark.slow
+def test_train_with_automatic_loss_scaling(tmp_path):
+    """--loss-scale automatic: from 2**16 the scale moves by factors of 2 at every step, within the rule's bounds."""
+    arguments = ["train", *TINY, "--batch-size", "32", "--loss-scale", "automatic", "--output", str(tmp_path)]
+    assert main(arguments) == 0
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    scales = [float(row["loss_scale"]) for row in rows] + [float(rows[-1]["next_loss_scale"])]
+    assert all(
+        after in (before * 2, before / 2) or after in (before, 1.0, 2.0**24)
+        for before, after in zip(scales, scales[1:])
+    )
+    assert json.loads((tmp_path / "summary.json").read_text())["config"]["loss_scale"] == "automatic"
+
+
+@pytest.mark.slow
 def test_train_with_the_adaptive_window(tmp_path):
     """--loss-scale adaptive:MIN:MAX: MindFormers' rule from MindSpore's 2**24, its scale trajectory in
     metrics.csv that of the rule given the run's own overflow flags."""
@@ -507,6 +522,8 @@ def test_parse_loss_scale():
     assert label == "preset:pytorch" and factory().scale_window == 7 and factory().get_loss_scale() == 2.0**16
     manager = parse_loss_scale("preset:mindformers", scale_window=100)[1]()  # the adaptive window, starting at 100
     assert manager.policy == get_preset("mindformers", scale_window=100)  # any rule, behind the dynamic manager's API
+    assert parse_loss_scale("automatic")[1]().policy == get_preset("graphcore")  # PopART's period of 1
+    assert parse_loss_scale("automatic:5", scale_window=7)[1]().policy == get_preset("graphcore", update_period=5)
     with pytest.raises(CliError):
         parse_loss_scale("fixed:inf")
     label, factory = parse_loss_scale("fixed:1")  # the lowest scale allowed
@@ -528,6 +545,9 @@ def test_parse_loss_scale():
         ("adaptive:100:20", "needs MIN < MAX"),
         ("adaptive:20:20", "needs MIN < MAX"),
         ("adaptiv", "'adaptive[:MIN:MAX]'"),
+        ("automatic:0", "automatic:PERIOD needs a whole number of steps >= 1"),
+        ("automatic:x", "automatic:PERIOD needs a whole number of steps >= 1"),
+        ("automatic:", "automatic:PERIOD needs a whole number of steps >= 1"),
     ],
 )
 def test_bad_adaptive_bounds_are_one_line_errors(spec, message):

@@ -14,7 +14,9 @@ from mindspore import Tensor, nn
 from nets import TESTS, regression_batches, regression_net
 
 from lossscale import TrainOneStepWithLossScaleCell, get_preset
+from lossscale.core.automatic import AutomaticLossScaleRule
 from lossscale.core.policy import run
+from lossscale.core.rule import advance
 from lossscale.demo.msrun import (
     LAUNCHED_MARK,
     inside_msrun,
@@ -309,3 +311,18 @@ def test_launch_environment_marks_the_child_and_puts_this_python_first(monkeypat
     assert env["PYTHONPATH"].split(os.pathsep) == ["/the/package"] + ([] if pythonpath is None else [pythonpath])
     assert launch_environment().get("PYTHONPATH") == pythonpath
     assert dict(os.environ) == parent  # the parent's own environment is untouched
+
+
+@pytest.mark.slow
+def test_automatic_loss_scaling_counts_every_rank_s_gradients(two_ranks):
+    """Rank 1's own gradients never reach the upper bin: it backs off with rank 0 only through the all-reduced
+    counts (alone it would double at every step)."""
+    reports, _, _ = two_ranks
+    rule = AutomaticLossScaleRule(init_scale=1024.0)
+    state, expected = rule.initial_state(), []
+    for _ in range(dp_worker.STEPS):
+        upper = sum(int(np.sum(x * np.float32(state["scale"]) >= 4094.0)) for x in dp_worker.AUTOMATIC_X)
+        state = advance(rule, state, False, (upper, 8))
+        expected.append(state["scale"])
+    assert expected[:4] == [2048.0, 4096.0, 2048.0, 4096.0]
+    assert reports[0]["automatic"]["scales"] == reports[1]["automatic"]["scales"] == expected
