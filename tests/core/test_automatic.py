@@ -205,7 +205,7 @@ def _trained(cell, batches):
     return skipped, scales
 
 
-@pytest.mark.parametrize("clip", [None, 1e-3], ids=["plain", "clipped"])
+@pytest.mark.parametrize("clip", [pytest.param(None, marks=pytest.mark.slow), 1e-3], ids=["plain", "clipped"])
 def test_train_cell_follows_the_rule(clip):
     """The counts are of the gradients before clipping (clipped to 1e-3, none would reach the edge)."""
     assert _trained(_train_cell(clip_global_norm=clip), _batches()) == (FLAGS, _expected())
@@ -231,6 +231,9 @@ def test_model_follows_the_rule_through_a_manager():
     assert recorder.rows == list(zip(FLAGS, _expected()))
 
 
+@pytest.mark.parametrize(
+    "compiled", [pytest.param(False, id="eager", marks=pytest.mark.slow), pytest.param(True, id="jit")]
+)
 def test_loss_scale_optimizer_follows_the_rule(compiled):
     net = _Linear()
     optimizer = LossScaleOptimizer(nn.SGD(net.trainable_params(), 0.0), policy=RULE)
@@ -263,10 +266,7 @@ GRAD_SCALER_CASES = [
         parts,
         compiled,
         id=f"{'jit' if compiled else 'eager'}-{spelling}-{'unscale_' if with_unscale else 'step'}-{parts}",
-        marks=slow_unless(
-            (spelling, with_unscale, parts, compiled)
-            in {("torch", True, 16, True), ("paddle", False, 1, False), ("torch", False, 16, True)}
-        ),
+        marks=slow_unless((spelling, with_unscale, parts, compiled) in {("torch", True, 16, True)}),
     )
     for spelling in SCALERS
     for with_unscale in (False, True)
@@ -307,7 +307,7 @@ def test_grad_scalers_follow_the_rule(spelling, with_unscale, parts, compiled):
     "spelling, parts, compiled",
     [
         pytest.param("torch", 16, True, id="jit-torch-16"),
-        pytest.param("paddle", 1, False, id="eager-paddle-1"),
+        pytest.param("paddle", 1, False, id="eager-paddle-1", marks=pytest.mark.slow),
         pytest.param("paddle", 16, True, id="jit-paddle-16", marks=pytest.mark.slow),
         pytest.param("torch", 1, False, id="eager-torch-1", marks=pytest.mark.slow),
     ],

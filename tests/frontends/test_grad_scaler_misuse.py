@@ -29,7 +29,6 @@ from nets import (
     own_names,
     regression_batches,
     regression_net,
-    slow_unless,
     tiered,
     training_state,
 )
@@ -164,7 +163,7 @@ MISUSE_CASES = [
 ] + [
     # A gradient too large for the buffers: the compiled step reads the stage through a branch. (Clipping the scaled
     # gradients of this net is no misuse: its true norm is above the clip; the slack test covers the norm check.)
-    pytest.param(True, misuse, WIDE, marks=slow_unless(misuse == "dropped_returned_gradients"), id=f"jit-wide-{misuse}")
+    pytest.param(True, misuse, WIDE, marks=pytest.mark.slow, id=f"jit-wide-{misuse}")
     for misuse in ("dropped_returned_gradients", "mismatched_keys", "step_twice")
 ]
 
