@@ -90,8 +90,7 @@ def new_scale_in_graph(value, low, high):
 
 
 # From this many gradients (all in buffers) a compiled step() computes both stages rather than branching: a branch
-# costs with the gradients it carries, both stages with the buffers' size (measured, GradScaler against its
-# branching self: 32 tensors of 64 x 64, 0.88; LeNet-5's 10 tensors of about as many values, 1.03).
+# costs with the gradients it carries, both stages with the buffers' size (measured: docs/performance.md).
 BRANCH_FREE_MIN_GRADIENTS = 16
 
 
@@ -151,12 +150,8 @@ class IterationGraph:
                 return self._either_decision(grads, slot, structure, column)
             after_unscale = self._states.unscaled(column)
         if after_unscale:
-            seen = gradients.fingerprint(self._hyper_map, grads)
-            nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+            nonfinite, code = self._after_unscale(column, grads)
             found = self._states.found_after_unscale(column, self._core.is_overflow(nonfinite))
-            code = self._states.scaled_gradients_code(
-                column, seen, global_norm(self._hyper_map, grads), self._core.scale_value
-            )
             to_apply = grads
         else:
             to_apply = self._core.unscale(grads)
@@ -167,28 +162,30 @@ class IterationGraph:
         skipped = self._states.record_step(slot, found, code)
         return to_apply, skipped, code
 
+    def _after_unscale(self, column, grads):
+        """step() after unscale_(): ``(float32 1/0: whether grads hold inf/nan, refusal code)``, the code
+        SCALED_GRADIENTS or LARGER_THAN_UNSCALED against what unscale_() recorded in ``column``, else 0."""
+        seen = gradients.fingerprint(self._hyper_map, grads)
+        nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+        norm = global_norm(self._hyper_map, grads)
+        return nonfinite, self._states.scaled_gradients_code(column, seen, norm, self._core.scale_value)
+
     def _either_decision(self, grads, slot, structure, column):
         """:meth:`step_decision` for both stages at once, selected by the stage read when the graph runs.
 
-        A branch on the stage costs every step, taken or not: MindSpore's CPU runtime switches graphs and carries
-        every gradient into the branch (measured: 12-25 % of a step of 32 small tensors). With every gradient in
-        buffers (:func:`lossscale.core.gradients.all_grouped`) the fingerprint and norm cost a few kernels, so
-        both stages' answers are computed: the gradients times 1 (after unscale_(), exact) or 1/S, then the check,
-        fingerprint and norm of those, the recorded or the new overflow, and either stage's refusal code."""
+        A branch on the stage costs every step, taken or not, with the gradients it carries (docs/design.md,
+        section 6). With every gradient in buffers (:func:`lossscale.core.gradients.all_grouped`) the fingerprint
+        and norm cost a few kernels, so both stages' answers are computed: the gradients times 1 (after unscale_(),
+        exact) or 1/S, then the check, fingerprint and norm of those, the recorded or the new overflow, and either
+        stage's refusal code."""
         first = self._states.unscaled(column)
         to_apply = self._core.unscale(grads, ops.select(first, self._one, self._core.scale_value.reshape(())))
-        seen = gradients.fingerprint(self._hyper_map, to_apply)
-        nonfinite = ops.cast(ops.logical_not(ops.isfinite(seen)), mstype.float32)
+        nonfinite, after_code = self._after_unscale(column, to_apply)
         overflow = self._core.is_overflow(ops.select(first, nonfinite, self._core.flag(None, to_apply)))
         found = ops.select(
             first, self._states.found_after_unscale(column, overflow), ops.cast(overflow, mstype.float32)
         )
-        norm = global_norm(self._hyper_map, to_apply)
-        code = ops.select(
-            first,
-            self._states.scaled_gradients_code(column, seen, norm, self._core.scale_value),
-            self._states.ready_code(slot, column, structure),
-        )
+        code = ops.select(first, after_code, self._states.ready_code(slot, column, structure))
         if self._statistics.count:
             counts = ops.logical_and(ops.logical_not(first), code == self._no_refusal)
             code = ops.depend(code, self._measured(to_apply, counts))

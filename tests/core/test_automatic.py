@@ -6,6 +6,7 @@ import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 import pytest
+from grad_scaler_harness import scaled_grad_fn
 from mindspore import Parameter, ParameterTuple, Tensor, mutable, nn, ops
 from nets import StepRecorder, jit_if, slow_unless
 
@@ -258,6 +259,14 @@ def test_loss_scale_optimizer_follows_the_rule(compiled):
 SCALERS = {"torch": TorchGradScaler, "paddle": PaddleGradScaler}
 
 
+def _grad_scaler_setup(spelling, rule, parts):
+    """``(scaler, optimizer, grad_fn)``: a GradScaler of ``spelling`` with ``rule``, SGD(0) over ``_Linear(parts)``."""
+    net = _Linear(parts)
+    optimizer = nn.SGD(net.trainable_params(), 0.0)
+    scaler = SCALERS[spelling](policy=rule)
+    return scaler, optimizer, scaled_grad_fn(scaler, net, optimizer)
+
+
 # The README's tier: each recipe once, eagerly and compiled, with and without the step's branch; the slow tier all.
 GRAD_SCALER_CASES = [
     pytest.param(
@@ -278,14 +287,7 @@ GRAD_SCALER_CASES = [
 @pytest.mark.parametrize("spelling, with_unscale, parts, compiled", GRAD_SCALER_CASES)
 def test_grad_scalers_follow_the_rule(spelling, with_unscale, parts, compiled):
     """Each gradient counts once per iteration: at unscale_(), or at the step() that unscales it."""
-    net = _Linear(parts)
-    optimizer = nn.SGD(net.trainable_params(), 0.0)
-    scaler = SCALERS[spelling](policy=RULE)
-
-    def scaled_loss(x):
-        return scaler.scale(net(x))
-
-    grad_fn = ms.value_and_grad(scaled_loss, None, optimizer.parameters)
+    scaler, optimizer, grad_fn = _grad_scaler_setup(spelling, RULE, parts)
 
     def step(x):
         _, grads = grad_fn(x)
@@ -315,14 +317,7 @@ def test_grad_scalers_follow_the_rule(spelling, with_unscale, parts, compiled):
 def test_a_gradient_counts_once_per_iteration_and_state_dicts_resume(spelling, parts, compiled):
     """unscale_() then step() counts the gradients once; a state dict saved inside an update period resumes."""
     rule = AutomaticLossScaleRule(init_scale=1024.0, update_period=3)
-    net = _Linear(parts)
-    optimizer = nn.SGD(net.trainable_params(), 0.0)
-    scaler = SCALERS[spelling](policy=rule)
-
-    def scaled_loss(x):
-        return scaler.scale(net(x))
-
-    grad_fn = ms.value_and_grad(scaled_loss, None, optimizer.parameters)
+    scaler, optimizer, grad_fn = _grad_scaler_setup(spelling, rule, parts)
 
     def iteration(x):
         _, grads = grad_fn(x)
