@@ -1,5 +1,6 @@
-"""``compare``: fp32, fp16 without scaling, fp16 with a fixed scale, fp16 with dynamic scaling and fp16 with
-MindFormers' adaptive window on the same seed and data; the table, the verdict and the plot.
+"""``compare``: fp32, fp16 without scaling, fp16 with a fixed scale, fp16 with dynamic scaling, fp16 with
+MindFormers' adaptive window and fp16 with automatic loss scaling on the same seed and data; the table, the verdict
+and the plot. The three rules that move the scale have every step's largest safe scale measured beside them.
 """
 
 import os
@@ -9,7 +10,8 @@ from mindspore import nn
 
 from lossscale.core.adaptive import MIN_SCALE_WINDOW
 from lossscale.demo import plots
-from lossscale.demo.diagnostics import GradientProbe, lost_fraction, unscaled_gradients
+from lossscale.demo.diagnostics import GradientProbe, SafeScaleProbe, lost_fraction, unscaled_gradients
+from lossscale.demo.headroom import RULES, SAFE_SCALE_EVERY
 from lossscale.demo.options import EXIT_OK, default_output, prepare_output
 from lossscale.demo.results import CONTROL_LABELS, UNWEIGHTED, comparison_verdict, write_results_page
 from lossscale.demo.runs import (
@@ -40,10 +42,10 @@ def gradient_loss_at_end(result, batches=4):
 
 
 def compare_plan(args):
-    """``[(label, precision, loss_scale, scale_window, loss_weight)]``: the five runs of ``compare`` and, with a loss
-    weight other than 1, fp32, fp16 without scaling and fp16 dynamic again without it (the control that says what
-    the weight does). The adaptive window starts at its lowest level, as MindFormers' documentation configures it:
-    its point is a fast early growth."""
+    """``[(label, precision, loss_scale, scale_window, loss_weight)]``: the six runs of ``compare`` and, with a loss
+    weight other than 1, fp32, fp16 without scaling and the three rules that move the scale again without it (the
+    controls that say what the weight does). The adaptive window starts at its lowest level, as MindFormers'
+    documentation configures it: its point is a fast early growth."""
     weight, window = args.loss_weight, args.scale_window
     plan = [
         ("fp32", "fp32", "none", window, weight),
@@ -51,17 +53,21 @@ def compare_plan(args):
         (f"fp16 fixed {args.fixed_scale:g}", args.precision, f"fixed:{args.fixed_scale:g}", window, weight),
         ("fp16 dynamic", args.precision, "dynamic", window, weight),
         ("fp16 adaptive", args.precision, "adaptive", MIN_SCALE_WINDOW, weight),
+        ("fp16 automatic", args.precision, "automatic", window, weight),
     ]
     if weight != 1.0:
-        plan += [(label + UNWEIGHTED, *rest[:3], 1.0) for label, *rest in plan if label in CONTROL_LABELS]
+        controls = CONTROL_LABELS + RULES
+        plan += [(label + UNWEIGHTED, *rest[:3], 1.0) for label, *rest in plan if label in controls]
     return plan
 
 
 def compare_runs(args):
-    """Run the configurations of ``compare`` (:func:`compare_plan`); return ``[(label, result)]``."""
+    """Run the configurations of ``compare`` (:func:`compare_plan`); return ``[(label, result)]``. The runs of the
+    rules of :data:`lossscale.demo.headroom.RULES` also get ``largest_safe_scales`` (:class:`SafeScaleProbe`)."""
     runs = []
     for label, precision, loss_scale, scale_window, loss_weight in compare_plan(args):
         print(f"== {label} ({precision}, loss scale {loss_scale})")
+        probes = [SafeScaleProbe(SAFE_SCALE_EVERY)] if label.removesuffix(UNWEIGHTED) in RULES else []
         result = run_training(
             args.model,
             precision,
@@ -73,8 +79,11 @@ def compare_runs(args):
             scale_window,
             loss_weight,
             progress=not args.no_progress,
+            step_callbacks=probes,
         )
         result["gradient_lost_fraction"] = gradient_loss_at_end(result)
+        if probes:
+            result["largest_safe_scales"] = probes[0].measured
         runs.append((label, result))
     return runs
 

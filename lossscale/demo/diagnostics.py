@@ -1,8 +1,8 @@
 """Gradient diagnostics: what float16 does to a model's gradients at a given loss scale.
 
-Used by ``python -m lossscale compare`` (underflow column) and ``inspect``
-(histogram against the float16 range). Everything here syncs the host: it is
-for analysis, not for the training hot path.
+Used by ``python -m lossscale compare`` (underflow column, the largest safe scale
+of every step) and ``inspect`` (histogram against the float16 range). Everything
+here syncs the host: it is for analysis, not for the training hot path.
 """
 
 import math
@@ -10,6 +10,7 @@ import math
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.common import dtype as mstype
+from mindspore.train import Callback
 
 FP16_MAX = 65504.0
 FP16_OVERFLOW = 65520.0  # the smallest value that rounds to inf in float16
@@ -111,3 +112,63 @@ def _largest_finite_power_of_two(largest):
     while largest * 2.0**exponent >= FP16_OVERFLOW:
         exponent -= 1
     return 2.0**exponent
+
+
+def largest_safe_exponent(finite_at, guess, low=0, high=64):
+    """The largest ``e`` in ``[low, high]`` with ``finite_at(e)``, or None if ``finite_at(low)`` is false.
+
+    Finiteness is taken to fall once as ``e`` rises (scaled gradients grow with the scale). The search gallops
+    from ``guess`` (the previous step's answer: usually two calls) and then bisects.
+
+    Example:
+        >>> largest_safe_exponent(lambda e: e <= 29, guess=24)
+        29
+    """
+    guess = min(max(guess, low), high)
+    if finite_at(guess):
+        good, stride = guess, 1
+        while good < high and finite_at(min(good + stride, high)):
+            good, stride = min(good + stride, high), 2 * stride
+        bad = min(good + stride, high + 1)
+    else:
+        bad, stride = guess, 1
+        while bad > low and not finite_at(max(bad - stride, low)):
+            bad, stride = max(bad - stride, low), 2 * stride
+        if bad == low:
+            return None
+        good = max(bad - stride, low)
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if finite_at(middle) else (good, middle)
+    return good
+
+
+class SafeScaleProbe(Callback):
+    """Measures, before every ``every``-th training step (the first included), the largest power-of-two loss scale
+    at which that step's gradients would have been finite: the step's weights and batch, back-propagated through the
+    train cell's own network at ``2**e`` (:func:`largest_safe_exponent`). ``measured`` holds ``(step, scale)``
+    pairs, steps counted from 1 (scale None: overflow even at scale 1).
+
+    A step overflows exactly when its scale is above its measured value: the results page's test checks it.
+    """
+
+    def __init__(self, every=1):
+        super().__init__()
+        self.every, self.measured = every, []
+        self._probe, self._exponent = None, 24
+
+    def on_train_step_begin(self, run_context):
+        arguments = run_context.original_args()
+        if (arguments.cur_step_num - 1) % self.every:
+            return
+        if self._probe is None:
+            self._probe = GradientProbe(arguments.train_network.network)
+        inputs = arguments.train_dataset_element
+
+        def finite_at(exponent):
+            grads = self._probe(*inputs, Tensor(2.0**exponent, mstype.float32))
+            return all(np.isfinite(g.asnumpy()).all() for g in grads)
+
+        exponent = largest_safe_exponent(finite_at, self._exponent)
+        self._exponent = self._exponent if exponent is None else exponent
+        self.measured.append((arguments.cur_step_num, None if exponent is None else 2.0**exponent))

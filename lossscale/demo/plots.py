@@ -78,6 +78,16 @@ def _finish(plt, figure, top, bottom, title, path, loss_drawn=True):
     return path
 
 
+def _save_single(plt, figure, axis, title, path):
+    """Shared tail of the one-panel plots: title, legend (if something is labelled), save, close."""
+    axis.set_title(title)
+    _legend(axis)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def plot_training(records, path, title):
     """Loss (top) and loss scale with skipped steps marked (bottom) over training steps."""
     plt = _pyplot()
@@ -103,6 +113,22 @@ def plot_comparison(runs, path, title):
     return _finish(plt, figure, top, bottom, title, path, drawn)
 
 
+def plot_headroom(runs, path, title):
+    """The loss scale of each run at every step (overflows marked) and, dotted, its measured largest safe scale.
+
+    ``runs`` maps a label to ``(records, [(step, largest safe scale or None)])``.
+    """
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for index, (label, (records, measured)) in enumerate(runs.items()):
+        _draw_scale(axis, records, label=label, color=f"C{index}")
+        safe = [(step, value) for step, value in measured if value is not None]
+        if safe:
+            axis.plot(*zip(*safe), "o:", color=f"C{index}", markersize=3, label=f"{label}: largest safe")
+    axis.set_xlabel("step")
+    return _save_single(plt, figure, axis, title, path)
+
+
 def plot_histogram(log2_magnitudes, scale, path, title):
     """Histogram of log2|gradient| shifted by log2(scale), against the float16 range."""
     plt = _pyplot()
@@ -126,9 +152,4 @@ def plot_histogram(log2_magnitudes, scale, path, title):
     axis.axvline(math.log2(FP16_MAX), color="black", linestyle="--", label="fp16 max (65504)")
     axis.set_xlabel(f"log2 |gradient x scale|   (scale = 2^{shift:g})")
     axis.set_ylabel("elements")
-    axis.set_title(title)
-    _legend(axis)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save_single(plt, figure, axis, title, path)

@@ -1,8 +1,9 @@
 """The results page of the documentation (docs/results.md), written by ``lossscale compare --results``.
 
 Every number and figure on the page comes from the run that writes it: the comparison table, the
-verdict, the dynamic scale's trajectory, the gradient measurements at the initial weights and the
-two figures (``images/compare.png``, ``images/inspect-<model>.png`` next to the page). The page
+verdict, the scales' trajectories, the gradient measurements at the initial weights, the largest
+safe scales and the figures (``images/compare.png``, ``images/inspect-<model>.png``,
+``images/automatic*.png`` next to the page). The page
 names the command that made it, so rerunning that command regenerates it; the tests rerun it.
 """
 
@@ -20,6 +21,7 @@ from lossscale.core._text import format_scale
 from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, window_levels
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import magnitude_report
+from lossscale.demo.headroom import RULES, automatic_section
 from lossscale.demo.inspection import measure_gradients
 from lossscale.demo.runs import _unweighted
 from lossscale_models import create_model
@@ -118,6 +120,7 @@ def render_page(args, runs, measurements, page, machine, date):
         _gradient_section(args, measurements),
         _comparison_section(weighted),
         _window_section(weighted),
+        automatic_section(rule_groups(args, runs), args.precision),
         _unweighted_section(controls) if controls else [],
     )
     return "\n".join(line for section in sections for line in section)
@@ -285,6 +288,14 @@ def _window_section(runs):
     ]
 
 
+def rule_groups(args, runs):
+    """``[(loss weight, {label: result}, image)]``: the runs at the loss weight and, if there are, the controls at
+    weight 1 (labels without their suffix), with their figures' file names (automatic loss scaling's section)."""
+    groups = [(args.loss_weight, dict(runs), "automatic.png")]
+    controls = {label[: -len(UNWEIGHTED)]: result for label, result in runs if label.endswith(UNWEIGHTED)}
+    return groups + ([(1.0, controls, "automatic-weight1.png")] if controls else [])
+
+
 def measure_initial_gradients(args):
     """``[(scale, magnitude report, measured lost fraction)]`` at the initial weights, and the fp32 gradients."""
     measurements, reference = [], None
@@ -298,7 +309,7 @@ def measure_initial_gradients(args):
 
 
 def write_results_page(args, runs, page):
-    """Write the page and its two figures (in ``images/`` next to it); return the page's path."""
+    """Write the page and its figures (in ``images/`` next to it); return the page's path."""
     folder = os.path.dirname(os.path.abspath(page))
     images = os.path.join(folder, "images")
     os.makedirs(images, exist_ok=True)
@@ -316,6 +327,12 @@ def write_results_page(args, runs, page):
             os.path.join(images, "compare.png"),
             f"{args.model}: fp32 vs fp16 ({args.precision}) loss scaling",
         )
+        for weight, results, image in rule_groups(args, runs):
+            plots.plot_headroom(
+                {label: (results[label]["records"], results[label]["largest_safe_scales"]) for label in RULES},
+                os.path.join(images, image),
+                f"{args.model} ({args.precision}, loss weight {weight:g}): loss scale against the largest safe scale",
+            )
     except plots.PlotUnavailable as reason:
         print(f"plot: {reason}", file=sys.stderr)
     text = render_page(args, runs, measurements, page, machine_description(), datetime.date.today().isoformat())

@@ -188,6 +188,7 @@ def run_training(
     overflow_policy="skip",
     max_consecutive_overflows=None,
     epoch_callback=None,
+    step_callbacks=(),
 ):
     """Train one configuration on the digits data and return a result dict (also the CLI's engine).
 
@@ -195,7 +196,7 @@ def run_training(
     ``test_accuracy``, ``final_loss``, ``seconds_per_step``, ``first_step_seconds``,
     ``model`` (the trained ``lossscale.Model``), ``network`` (the trained backbone).
     ``shard=(rank, size)`` trains on this rank's share of every epoch (data parallel);
-    ``epoch_callback(epoch, network)`` runs after every epoch.
+    ``epoch_callback(epoch, network)`` runs after every epoch; ``step_callbacks`` are more MindSpore callbacks.
     """
     _check_model(model)
     label, manager_factory = parse_loss_scale(loss_scale, scale_window)
@@ -208,6 +209,7 @@ def run_training(
     trained = _model(network, precision, manager_factory(), lr, loss_weight, policy)
     monitor, timer = LossScaleMonitor(print_summary=False), _step_timer()
     callbacks = [monitor, _progress_callback(monitor, steps_per_epoch, epochs, progress, loss_weight), timer]
+    callbacks += list(step_callbacks)
     if epoch_callback is not None:
         callbacks.append(_epoch_probe(lambda epoch: epoch_callback(epoch, network)))
     _train(trained, epochs, train_data, callbacks)

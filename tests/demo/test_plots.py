@@ -135,6 +135,28 @@ def test_comparison_draws_every_loss_and_only_the_scales_that_are_not_one(drawn)
     assert _legend_texts(bottom) == ["fixed 128", "dynamic", "from one"]
 
 
+def test_headroom_draws_each_scale_with_its_largest_safe_scale_in_the_same_colour(drawn):
+    """Every step's scale (skipped steps marked) and, dotted, the measured largest safe scale; a step measured
+    without one (overflow even at scale 1) is left out."""
+    runs = {
+        "dynamic": (SKIPPING_RUN, [(0, 4.0), (3, 2.0), (5, 8.0)]),
+        "automatic": (_records([1.0, 0.5], [2.0, 1.0], [False, False]), [(0, None), (1, 2.0)]),
+    }
+    plots.plot_headroom(runs, "automatic.png", "rules")
+    axis = drawn[0].axes[0]
+    lines = [(line.get_label(), line.get_color(), _xy(line)) for line in axis.get_lines()]
+    assert lines == [
+        ("dynamic", "C0", ([0, 1, 2, 3, 4, 5], [8.0, 8.0, 4.0, 4.0, 2.0, 4.0])),
+        ("_child1", "C0", ([1, 3], [8.0, 4.0])),
+        ("dynamic: largest safe", "C0", ([0, 3, 5], [4.0, 2.0, 8.0])),
+        ("automatic", "C1", ([0, 1], [2.0, 1.0])),
+        ("automatic: largest safe", "C1", ([1], [2.0])),
+    ]
+    assert axis.get_lines()[2].get_linestyle() == ":" and axis.get_yscale() == "log"
+    assert _legend_texts(axis) == ["dynamic", "dynamic: largest safe", "automatic", "automatic: largest safe"]
+    assert (axis.get_title(), axis.get_xlabel(), axis.get_ylabel()) == ("rules", "step", "loss scale")
+
+
 def test_histogram_shifts_the_magnitudes_by_the_scale_against_the_float16_range(drawn):
     plots.plot_histogram([-60.0, -20.0, -10.0], 2.0**10, "gradients.png", "gradients")
     axis = drawn[0].axes[0]
@@ -169,8 +191,9 @@ def test_histogram_red_band_starts_at_minus_40_when_every_magnitude_is_above(dra
         lambda: plots.plot_training([], "t.png", "t"),
         lambda: plots.plot_comparison({}, "c.png", "c"),
         lambda: plots.plot_histogram([0.0], 1.0, "h.png", "h"),
+        lambda: plots.plot_headroom({}, "a.png", "a"),
     ],
-    ids=["training", "comparison", "histogram"],
+    ids=["training", "comparison", "histogram", "headroom"],
 )
 def test_without_matplotlib_every_plot_says_how_to_get_it(monkeypatch, draw):
     monkeypatch.setitem(sys.modules, "matplotlib", None)

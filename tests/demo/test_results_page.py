@@ -20,7 +20,8 @@ from nets import TESTS
 from lossscale.core._text import format_scale
 from lossscale.demo import plots
 from lossscale.demo.cli import main
-from lossscale.demo.results import _comparison_rows, _window_section, machine_description
+from lossscale.demo.headroom import RULES
+from lossscale.demo.results import UNWEIGHTED, _comparison_rows, _window_section, machine_description
 
 ROOT = os.path.dirname(TESTS)
 PAGE = os.path.join(ROOT, "docs", "results.md")
@@ -75,7 +76,7 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
     )
     out = capsys.readouterr().out
     table = out[out.index("run ") :].splitlines()
-    assert [line.split()[0] for line in table[2:7]] == ["fp32", "fp16", "fp16", "fp16", "fp16"]
+    assert [line.split()[0] for line in table[2:8]] == ["fp32", "fp16", "fp16", "fp16", "fp16", "fp16"]
     assert re.search(r"fp16 dynamic reaches [0-9.]+% test accuracy, .* fp32 \([0-9.]+%\)", out)
     fresh = fresh_page.read_text().replace(str(fresh_page), "docs/results.md")
     runs = json.loads((tmp_path / "run" / "compare.json").read_text())
@@ -94,6 +95,14 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
         assert f"skipped steps {summary['skipped_steps']} of {summary['steps']}," in line
         assert line.endswith(f"ending at {format_scale(summary['final_loss_scale'])}.")
     assert runs["fp16 adaptive"]["config"]["loss_scale"] == "adaptive"
+    # The three rules, at both weights, have their largest safe scale measured every 6th step, and every measured
+    # step overflowed exactly when its scale was above it (the page's count of agreeing steps).
+    measured = {label for label, result in runs.items() if "largest_safe_scales" in result}
+    assert measured == {label + suffix for label in RULES for suffix in ("", UNWEIGHTED)}
+    steps = runs["fp16 automatic"]["summary"]["steps"]
+    assert [step for step, _ in runs["fp16 automatic"]["largest_safe_scales"]] == list(range(1, steps + 1, 6))
+    counts = re.findall(r"at (\d+) of (\d+) measured steps\.", fresh)
+    assert counts == [(str(3 * len(range(1, steps + 1, 6))),) * 2] * 2
     exact = machine_description() in _machine_line(committed)
     committed_lines, fresh_lines = committed.splitlines(), fresh.splitlines()
     assert len(committed_lines) == len(fresh_lines)
@@ -106,7 +115,7 @@ def test_committed_results_page_equals_a_fresh_run_of_its_command(tmp_path, caps
             f"docs/results.md no longer matches its command; regenerate it with "
             f"python -m lossscale {' '.join(arguments)}\ncommitted: {old}\nfresh:     {new}"
         )
-    for image in ("compare.png", "inspect-lenet5.png"):
+    for image in ("compare.png", "inspect-lenet5.png", "automatic.png", "automatic-weight1.png"):
         assert (fresh_page.parent / "images" / image).stat().st_size > 10_000
     assert drawn == [(1.0, "inspect-lenet5.png")]  # the gradients as they are (scale 1) against the float16 range
 
