@@ -20,7 +20,7 @@ from mindspore import ops
 from mindspore.common import dtype as mstype
 
 from lossscale.core._validation import FLOAT32_MAX, check_finite_in_range, check_int_in_range
-from lossscale.core.gradients import grouped_total, total
+from lossscale.core.gradients import float32_sum, grouped_total, total
 from lossscale.core.rule import (
     FLOAT32,
     SCALE,
@@ -136,8 +136,9 @@ class AutomaticLossScaleRule(LossScaleRule):
 
 
 def _count_at_least(bound, values):
-    """The number of ``values`` (a float32 buffer, or a gradient) with ``|v| >= bound``, as a float32 scalar."""
-    return ops.reduce_sum(ops.cast(ops.abs(values) >= bound, mstype.float32))
+    """The number of ``values`` (a float32 buffer, or a gradient) with ``|v| >= bound``, as a float32 scalar (exact
+    below 2**24: sums of zeros and ones)."""
+    return float32_sum(ops.cast(ops.abs(values) >= bound, mstype.float32))
 
 
 _upper_count = ops.MultitypeFuncGraph("_upper_count")

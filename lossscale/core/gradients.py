@@ -57,9 +57,19 @@ def square_sum(grad, through_gemv=True):
     if is_empty(grad):
         return _ZERO
     grad = ops.cast(grad, mstype.float32)
-    if through_gemv and grad.size >= GEMV_PROBE_MIN_SIZE:
-        return ops.reduce_sum(_gemv_row(_ONE, grad * grad))
-    return ops.reduce_sum(grad * grad)
+    return float32_sum(grad * grad, through_gemv)
+
+
+def float32_sum(values, through_gemv=True):
+    """``sum(values)`` of a float32 Tensor; in a graph a large one is summed through a GEMV row (``square_sum``).
+
+    Example:
+        >>> float(float32_sum(Tensor([1.0, 0.0, 1.0], mstype.float32), through_gemv=False))
+        2.0
+    """
+    if through_gemv and values.size >= GEMV_PROBE_MIN_SIZE:
+        return ops.reduce_sum(_gemv_row(_ONE, values))
+    return ops.reduce_sum(values)
 
 
 def exact_float32(values):

@@ -135,7 +135,8 @@ class _Measured(nn.Cell):
 
 
 def test_the_measure_counts_the_values_the_scale_puts_at_or_above_the_edge():
-    """In buffers (small gradients, float16 too) and alone (a large one); at the edge counts; inf counts."""
+    """In buffers (small gradients, float16 too) and alone (large ones, float16 too, summed through a GEMV row); at
+    the edge counts, just below it does not; inf counts."""
     rule = AutomaticLossScaleRule()
     scale = 1024.0
     edge = np.float32(0.0625 * FLOAT16_MAX) / np.float32(scale)  # unscaled values at or above this are counted
@@ -144,14 +145,17 @@ def test_the_measure_counts_the_values_the_scale_puts_at_or_above_the_edge():
         rng.randn(7).astype(np.float32),
         rng.randn(300, 300).astype(np.float32),
         rng.randn(3, 5).astype(np.float16),
+        rng.randn(256, 300).astype(np.float16),
     ]
     arrays[0][:3] = [edge, np.nextafter(edge, np.float32(0)), -np.inf]
     arrays[1][0, :5] = 10.0
+    arrays[1][1, :3] = [-edge, np.nextafter(edge, np.float32(0)), np.inf]
     arrays[2][0, 0] = -8.0
+    arrays[3][5, :4] = [8.0, -edge, np.float16(np.nextafter(np.float16(edge), np.float16(0))), -np.inf]
     upper, values = _Measured(rule)(mutable(tuple(Tensor(a) for a in arrays)), Tensor(np.float32(scale)))
     expected = sum(int(np.sum(np.abs(a.astype(np.float32)) >= edge)) for a in arrays)
-    assert (float(upper.asnumpy()), float(values.asnumpy())) == (expected, 7 + 90000 + 15)
-    assert expected >= 1 + 1 + 5 + 1
+    assert (float(upper.asnumpy()), float(values.asnumpy())) == (expected, 7 + 90000 + 15 + 76800)
+    assert expected >= 1 + 1 + 5 + 2 + 1 + 3
 
 
 class _Linear(nn.Cell):
