@@ -33,11 +33,16 @@ def gap(scale, safe):
     return None if safe is None else math.log2(safe) - math.log2(scale)
 
 
+def above(scale, safe):
+    """Whether ``scale`` is above the largest safe scale ``safe`` (always, when even scale 1 overflowed: None)."""
+    return safe is None or scale > safe
+
+
 def agreement(runs):
     """``(agreeing, measured)``: at how many measured steps of ``runs`` the step overflowed exactly when its scale
     was above the measured largest safe scale, out of how many."""
     pairs = [
-        (result["records"][step - 1]["overflow"], safe is None or scale > safe)
+        (result["records"][step - 1]["overflow"], above(scale, safe))
         for _, result in runs
         for step, scale, safe in headroom(result)
     ]
@@ -59,13 +64,13 @@ def _rows(fp32, runs):
     ]
     for label, result in runs:
         points = headroom(result)
-        above = sum(safe is None or scale > safe for _, scale, safe in points)
+        steps_above = sum(above(scale, safe) for _, scale, safe in points)
         median = _median_gap(result)
         below = "n/a" if median is None else f"{median:g}"
         rows.append(
             f"| {label} | {100 * result['test_accuracy']:.2f} | {100 * result['test_accuracy'] - reference:+.2f} | "
             f"{_final_loss(result):.4f} | {result['summary']['skipped_steps']} of {result['summary']['steps']} | "
-            f"{below} | {above} of {len(points)} |"
+            f"{below} | {steps_above} of {len(points)} |"
         )
     return rows
 

@@ -21,7 +21,7 @@ from lossscale.core._text import format_scale
 from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, window_levels
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import magnitude_report
-from lossscale.demo.headroom import RULES, automatic_section
+from lossscale.demo.headroom import NOISE_POINTS, RULES, automatic_section
 from lossscale.demo.inspection import measure_gradients
 from lossscale.demo.runs import _unweighted
 from lossscale_models import create_model
@@ -126,7 +126,7 @@ def render_page(args, runs, measurements, page, machine, date):
     return "\n".join(line for section in sections for line in section)
 
 
-def _unweighted_section(controls, noise=1.5):
+def _unweighted_section(controls, noise=NOISE_POINTS):
     """fp32, fp16 without scaling and fp16 dynamic again at loss weight 1, and what they say plainly: whether
     scaling gains anything on this model without the weight (a gap within ``noise`` points, about five test
     images, is nothing measurable)."""
