@@ -46,7 +46,7 @@ def agreement(runs):
         for _, result in runs
         for step, scale, safe in headroom(result)
     ]
-    return sum(overflowed == above for overflowed, above in pairs), len(pairs)
+    return sum(overflowed == was_above for overflowed, was_above in pairs), len(pairs)
 
 
 def _median_gap(result):

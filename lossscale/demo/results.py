@@ -3,8 +3,8 @@
 Every number and figure on the page comes from the run that writes it: the comparison table, the
 verdict, the scales' trajectories, the gradient measurements at the initial weights, the largest
 safe scales and the figures (``images/compare.png``, ``images/inspect-<model>.png``,
-``images/automatic*.png`` next to the page). The page
-names the command that made it, so rerunning that command regenerates it; the tests rerun it.
+``images/automatic*.png`` next to the page). The page names the command that made it, so rerunning
+that command regenerates it; the tests rerun it.
 """
 
 import argparse
