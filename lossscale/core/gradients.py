@@ -61,13 +61,14 @@ def square_sum(grad, through_gemv=True):
 
 
 def float32_sum(values, through_gemv=True):
-    """``sum(values)`` of a float32 Tensor; in a graph a large one is summed through a GEMV row (``square_sum``).
+    """``sum(values)`` of a float32 Tensor; in a graph a large matrix is summed through a GEMV row (``square_sum``);
+    a vector has no rows to fold, so it goes to ``ReduceSum`` directly.
 
     Example:
         >>> float(float32_sum(Tensor([1.0, 0.0, 1.0], mstype.float32), through_gemv=False))
         2.0
     """
-    if through_gemv and values.size >= GEMV_PROBE_MIN_SIZE:
+    if through_gemv and values.size >= GEMV_PROBE_MIN_SIZE and len(values.shape) > 1:
         return ops.reduce_sum(_gemv_row(_ONE, values))
     return ops.reduce_sum(values)
 
