@@ -17,6 +17,17 @@ SAFE_SCALE_EVERY = 6
 NOISE_POINTS = 1.5
 
 
+def evenly_spaced(count, samples):
+    """The indices of ``samples`` evenly spaced items among ``count`` (the first and the last included; fewer when
+    ``count`` is smaller).
+
+    Example:
+        >>> evenly_spaced(15, 8), evenly_spaced(3, 8), evenly_spaced(0, 8)
+        ([0, 2, 4, 6, 8, 10, 12, 14], [0, 1, 2], [])
+    """
+    return sorted({round(i * (count - 1) / (samples - 1)) for i in range(samples)}) if count else []
+
+
 def headroom(result):
     """``[(step, scale, largest safe scale)]`` at the run's measured steps (the safe scale None: none was)."""
     records = result["records"]
@@ -126,8 +137,7 @@ def _ceiling_sentence(result):
 def _trajectory(runs, samples=8):
     """The scale and the measured largest safe scale of every rule at ``samples`` of the measured steps."""
     points = [headroom(result) for _, result in runs]
-    count = len(points[0])
-    picked = sorted({round(i * (count - 1) / (samples - 1)) for i in range(samples)}) if count else []
+    picked = evenly_spaced(len(points[0]), samples)
     header = " | ".join(f"{label} | largest safe" for label, _ in runs)
     rows = [f"| step | {header} |", "|---" * (2 * len(runs) + 1) + "|"]
     for index in picked:

@@ -21,7 +21,7 @@ from lossscale.core._text import format_scale
 from lossscale.core.adaptive import MAX_SCALE_WINDOW, MIN_SCALE_WINDOW, window_levels
 from lossscale.demo import plots
 from lossscale.demo.diagnostics import magnitude_report
-from lossscale.demo.headroom import NOISE_POINTS, RULES, automatic_section
+from lossscale.demo.headroom import NOISE_POINTS, RULES, automatic_section, evenly_spaced
 from lossscale.demo.inspection import measure_gradients
 from lossscale.demo.runs import _unweighted
 from lossscale_models import create_model
@@ -252,8 +252,7 @@ def scale_changes(records):
 
 def _trajectory_rows(runs, samples=8):
     """The scale of each run at ``samples`` evenly spaced steps (the first and the last included)."""
-    steps = len(runs[0][1]["records"])
-    picked = sorted({round(i * (steps - 1) / (samples - 1)) for i in range(samples)})
+    picked = evenly_spaced(len(runs[0][1]["records"]), samples)
     rows = ["| step | " + " | ".join(label for label, _ in runs) + " |", "|---" * (len(runs) + 1) + "|"]
     for index in picked:
         scales = " | ".join(format_scale(result["records"][index]["loss_scale"]) for _, result in runs)
